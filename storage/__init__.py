@@ -1,0 +1,1 @@
+"""Writing and reading logs as HDF5 files (installed as torchlog.storage)."""

@@ -1,0 +1,283 @@
+"""Tiny CPU models covering the hard cases of capture, shared by every test file."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class AlexNet(nn.Module):
+    """torchvision's AlexNet architecture, written out (torchvision cannot be installed here)."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, kernel_size=11, stride=4, padding=2), nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+            nn.Conv2d(64, 192, kernel_size=5, padding=2), nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+            nn.Conv2d(192, 384, kernel_size=3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(384, 256, kernel_size=3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(256, 256, kernel_size=3, padding=1), nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+        )
+        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
+        self.classifier = nn.Sequential(
+            nn.Dropout(p=0.5), nn.Linear(256 * 6 * 6, 4096), nn.ReLU(inplace=True),
+            nn.Dropout(p=0.5), nn.Linear(4096, 4096), nn.ReLU(inplace=True),
+            nn.Linear(4096, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+        return self.classifier(x)
+
+
+class SimpleRecurrent(nn.Module):
+    """The seed's recurrent model: one Linear applied four times with +1 and *2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_features=5, out_features=5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            x = self.fc(x)
+            x = x + 1
+            x = x * 2
+        return x
+
+
+class Branching(nn.Module):
+    """Two branches from one tensor that merge again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = nn.Linear(4, 4)
+        self.right = nn.Linear(4, 4)
+
+    def forward(self, x):
+        a = torch.relu(self.left(x))
+        b = torch.sigmoid(self.right(x))
+        return torch.cat([a, b], dim=1) - x.repeat(1, 2)
+
+
+class InPlace(nn.Module):
+    """In-place ops next to out-of-place ones, including += and relu_."""
+
+    def forward(self, x):
+        y = x * 2
+        y.relu_()
+        y += 1
+        z = torch.sin(y)
+        y.mul_(3)
+        return y + z
+
+
+class GetSetItem(nn.Module):
+    """Indexing, slice assignment and mutation of a slice after it was read."""
+
+    def forward(self, x):
+        y = x.clone()
+        first = y[0]
+        y[1] = first * 10
+        row = y[:, 0]
+        row.add_(5)
+        return y.sum(dim=1) + first.sum()
+
+
+class CreatedInside(nn.Module):
+    """Tensors made inside forward: factories, from_numpy and the legacy constructor."""
+
+    def forward(self, x):
+        z = torch.zeros_like(x) + torch.ones(x.shape) + torch.arange(x.shape[-1])
+        n = torch.from_numpy(np.ones(x.shape[-1], dtype=np.float32))
+        legacy = torch.Tensor([1.0] * x.shape[-1])
+        t = torch.tensor(2.0)
+        r = torch.randn(x.shape)
+        return x * t + z + n + legacy + x.new_zeros(x.shape) + 0 * r
+
+
+class WithBuffers(nn.Module):
+    """A buffer read in forward and a buffer reassigned during forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.full((4,), 3.0))
+        self.register_buffer("calls", torch.zeros(()))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.calls = self.calls + 1
+        return self.lin(x) * self.scale + self.calls
+
+
+class IdentityModules(nn.Module):
+    """nn.Identity, a module returning its input unchanged, and a same-device .to()."""
+
+    class PassThrough(nn.Module):
+        def forward(self, x):
+            return x
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ident = nn.Identity()
+        self.through = self.PassThrough()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        x = self.ident(x)
+        x = self.lin(x)
+        x = self.through(x)
+        return x.to(x.device).contiguous()
+
+
+class ReusedModule(nn.Module):
+    """One module called three times on a chain, and one applied to two inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        for _ in range(3):
+            x = self.act(self.cell(x))
+        return x
+
+
+class Nested(nn.Module):
+    """Modules nested three deep."""
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    class Middle(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Nested.Inner()
+            self.norm = nn.LayerNorm(4)
+
+        def forward(self, x):
+            return self.norm(self.inner(x) + x)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block1 = Nested.Middle()
+        self.block2 = Nested.Middle()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.block2(self.block1(x)))
+
+
+class StructuredIO(nn.Module):
+    """Dict, list and nested inputs; a dict holding a list and a tuple as output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, batch: dict, extras: list):
+        a = self.lin(batch["a"])
+        b = batch["nested"][0] * extras[1]
+        return {"sum": a + b, "parts": [a, (b, extras[0])]}
+
+
+class DoubleUse(nn.Module):
+    """`x + x`: one parent passed twice."""
+
+    def forward(self, x):
+        y = x + x
+        return y * y
+
+
+class Conditional(nn.Module):
+    """Control flow on a tensor's value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Linear(3, 3)
+        self.neg = nn.Linear(3, 3)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.pos(x)
+        return self.neg(x)
+
+
+class Orphans(nn.Module):
+    """A computation that feeds nothing the output depends on."""
+
+    def forward(self, x):
+        unused = torch.ones(3) * 5
+        unused.exp()
+        side = x.cos()
+        side.sum()
+        return x + 1
+
+
+class TrainEval(nn.Module):
+    """Dropout and batch norm, whose behaviour depends on train/eval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.5)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(self.drop(self.bn(x)))
+
+
+class MultiOutput(nn.Module):
+    """Ops with several outputs: split, max(dim=...), topk, and an LSTM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 3, batch_first=True)
+
+    def forward(self, x):
+        a, b = torch.split(x, 2, dim=-1)
+        values, indices = x.max(dim=-1)
+        top = torch.topk(x, 2).values
+        out, (h, c) = self.lstm(x.unsqueeze(0))
+        return a * b, values + indices, top, out.sum() + h.sum() + c.sum()
+
+
+class NoGradInside(nn.Module):
+    """torch.no_grad() inside forward, integer/bool tensors and a 0-d tensor."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            m = x.abs().max()
+        mask = x > 0
+        idx = torch.argmax(x, dim=-1)
+        return x / m + mask.float() + idx.unsqueeze(-1)
+
+
+TINY_MODELS = {
+    "simple_recurrent": (SimpleRecurrent, lambda: torch.rand(6, 5)),
+    "branching": (Branching, lambda: torch.rand(2, 4)),
+    "inplace": (InPlace, lambda: torch.randn(3, 4)),
+    "getsetitem": (GetSetItem, lambda: torch.randn(3, 4)),
+    "created_inside": (CreatedInside, lambda: torch.randn(2, 4)),
+    "buffers": (WithBuffers, lambda: torch.randn(2, 4)),
+    "identity": (IdentityModules, lambda: torch.randn(2, 3)),
+    "reused": (ReusedModule, lambda: torch.randn(2, 4)),
+    "nested": (Nested, lambda: torch.randn(2, 4)),
+    "double_use": (DoubleUse, lambda: torch.randn(2, 3)),
+    "conditional": (Conditional, lambda: torch.randn(2, 3)),
+    "orphans": (Orphans, lambda: torch.randn(3)),
+    "train_eval": (TrainEval, lambda: torch.randn(5, 4)),
+    "multi_output": (MultiOutput, lambda: torch.randn(5, 4)),
+    "no_grad_inside": (NoGradInside, lambda: torch.randn(3, 4)),
+}

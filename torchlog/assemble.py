@@ -1,0 +1,135 @@
+"""Turning a recorder's raw nodes into labelled pass, layer and module records."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from torch import nn
+
+from torchlog.capture import RawNode, Recorder
+from torchlog.labels import layer_label, layer_type_of, pass_label
+from torchlog.loops import group_into_layers
+from torchlog.records import LayerRecord, ModuleRecord, ParentEdge, PassRecord, PassSpan
+
+_SOURCE_TYPES = {"input": "input", "output": "output", "buffer": "buffer", "source": "tensor"}
+
+
+@dataclass(slots=True)
+class Assembled:
+    """Everything a ModelHistory is built from."""
+
+    passes: list[PassRecord]  # execution order
+    layers: list[LayerRecord]  # order of first pass
+    modules: dict[str, ModuleRecord]  # address -> record, in model order
+
+
+def assemble(recorder: Recorder, model: nn.Module) -> Assembled:
+    """Label every node, group passes into layers and summarise modules."""
+    nodes = recorder.nodes
+    groups = group_into_layers(nodes)
+    labels = _label_nodes(nodes, groups)
+    passes = [_pass_record(node, labels, nodes) for node in nodes]
+    layers = [_layer_record(members, passes, labels) for members in groups]
+    modules = _module_records(model, recorder, labels)
+    return Assembled(passes, layers, modules)
+
+
+def _label_nodes(nodes: list[RawNode], groups: list[list[int]]) -> list[tuple[str, str, str, int, int]]:
+    """Per node: (pass label, layer label, layer type, pass number, number of passes)."""
+    type_counts: dict[str, int] = defaultdict(int)
+    out: list = [None] * len(nodes)
+    for total, members in enumerate(groups):
+        first = nodes[members[0]]
+        kind = _SOURCE_TYPES.get(first.kind)
+        layer_type = kind if kind else layer_type_of(first.func_name)
+        type_counts[layer_type] += 1
+        layer = layer_label(layer_type, type_counts[layer_type], total)
+        for pass_num, index in enumerate(members, start=1):
+            out[index] = (pass_label(layer, pass_num, len(members)), layer, layer_type,
+                          pass_num, len(members))
+    return out
+
+
+def _pass_record(node: RawNode, labels: list, nodes: list[RawNode]) -> PassRecord:
+    label, layer, layer_type, pass_num, num_passes = labels[node.index]
+    record = PassRecord(
+        label=label,
+        layer_label=layer,
+        layer_type=layer_type,
+        func_name=node.func_name,
+        op_index=node.index,
+        pass_num=pass_num,
+        num_passes=num_passes,
+        tensor_meta=node.meta,
+        tensor_contents=node.saved,
+        parents=tuple(ParentEdge(labels[p][0], arg) for p, arg in node.parents),
+        children=tuple(labels[c][0] for c in node.children),
+        params=node.params,
+        grad_fn_name=node.grad_fn_name,
+        containing_modules=tuple(f"{a}:{c}" for a, c in reversed(node.module_path)),
+        output_of_modules=tuple(f"{a}:{c}" for a, c in node.output_of),
+        output_index=node.output_index,
+        elapsed_s=node.elapsed_ns / 1e9,
+        is_input=node.kind == "input",
+        is_output=node.kind == "output",
+        is_buffer=node.kind == "buffer",
+        is_source=node.kind == "source",
+        is_inplace=node.is_inplace,
+        is_created=node.kind == "op" and not node.parents,
+        buffer_address=node.address if node.kind in ("buffer", "input") else None,
+        func_args=node.func_args,
+        rng_state=node.rng_state,
+        extra=node.extra or {},
+    )
+    return record
+
+
+def _layer_record(members: list[int], passes: list[PassRecord], labels: list) -> LayerRecord:
+    layer_passes = tuple(passes[i] for i in members)
+    parent_links: dict[str, tuple[list[int], list[int]]] = {}
+    child_links: dict[str, tuple[list[int], list[int]]] = {}
+    by_label = {p.label: p for p in passes}
+    for record in layer_passes:
+        for parent_label in record.parent_labels:
+            parent = by_label[parent_label]
+            span = parent_links.setdefault(parent.layer_label, ([], []))
+            span[0].append(parent.pass_num)
+            span[1].append(record.pass_num)
+        for child_label in record.children:
+            child = by_label[child_label]
+            span = child_links.setdefault(child.layer_label, ([], []))
+            span[0].append(record.pass_num)
+            span[1].append(child.pass_num)
+    first = layer_passes[0]
+    return LayerRecord(
+        label=first.layer_label,
+        layer_type=first.layer_type,
+        passes=layer_passes,
+        parent_layers={k: PassSpan(tuple(a), tuple(b)) for k, (a, b) in parent_links.items()},
+        child_layers={k: PassSpan(tuple(a), tuple(b)) for k, (a, b) in child_links.items()},
+    )
+
+
+def _module_records(model: nn.Module, recorder: Recorder, labels: list) -> dict[str, ModuleRecord]:
+    calls = recorder.module_calls
+    outputs: dict[tuple[str, int], list[str]] = defaultdict(list)
+    inside: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for node in recorder.nodes:
+        for call in node.output_of:
+            outputs[call].append(labels[node.index][0])
+        for call in node.module_path:
+            inside[call].append(labels[node.index][0])
+    records: dict[str, ModuleRecord] = {}
+    for address, module in model.named_modules():
+        if not address:
+            continue
+        n = calls.get(address, 0)
+        records[address] = ModuleRecord(
+            address=address,
+            type_name=type(module).__name__,
+            num_params=sum(p.numel() for p in module.parameters()),
+            children=tuple(f"{address}.{name}" for name, _ in module.named_children()),
+            call_outputs=tuple(tuple(outputs[(address, k)]) for k in range(1, n + 1)),
+            call_layers=tuple(tuple(inside[(address, k)]) for k in range(1, n + 1)),
+        )
+    return records

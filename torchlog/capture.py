@@ -1,0 +1,394 @@
+"""Recording every tensor op of one forward pass: the only module that touches torch state.
+
+One `TorchFunctionMode` sees each torch function, Tensor method and operator called
+by Python code in this thread; per-module forward hooks mark module boundaries. Per op
+we do the least we can (find parents, time the call, save a copy); labels, loop
+grouping and module summaries are computed afterwards from the raw nodes.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from torchlog.nesting import find_tensors
+from torchlog.records import ParamInfo, TensorMeta
+
+_Tensor = torch.Tensor
+_SETITEM = _Tensor.__setitem__
+# Tensor-returning calls that change bookkeeping, not values: never nodes.
+_NOT_OPS = frozenset({"requires_grad_", "retain_grad", "register_hook", "grad", "_fix_weakref"})
+_INPLACE_DUNDERS = frozenset(
+    f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
+                            "and", "or", "xor", "lshift", "rshift")
+)
+_active = threading.local()
+
+
+class RawNode:
+    """One node while capturing; turned into a PassRecord once the pass is over."""
+
+    __slots__ = (
+        "index", "kind", "func_name", "parents", "children", "params", "module_path",
+        "output_index", "call_id", "meta", "saved", "grad_fn_name", "elapsed_ns",
+        "is_inplace", "output_of", "address", "func_args", "rng_state", "extra",
+    )
+
+    def __init__(self, index: int, kind: str, func_name: str, parents: list, params: tuple,
+                 module_path: tuple, output_index: int, call_id: int, meta: TensorMeta) -> None:
+        self.index = index
+        self.kind = kind  # 'op', 'input', 'buffer', 'source' or 'output'
+        self.func_name = func_name
+        self.parents = parents  # [(node index, arg path)] in argument order
+        self.children: list[int] = []
+        self.params = params  # tuple of ParamInfo
+        self.module_path = module_path  # ((address, call number), ...) outermost first
+        self.output_index = output_index
+        self.call_id = call_id  # nodes from one call of a multi-output op share it
+        self.meta = meta
+        self.saved: torch.Tensor | None = None
+        self.grad_fn_name: str | None = None
+        self.elapsed_ns = 0
+        self.is_inplace = False
+        self.output_of: list[tuple[str, int]] = []  # module calls that returned this tensor
+        self.address: str | None = None  # buffer or input name
+        self.func_args: Any = None
+        self.rng_state: torch.Tensor | None = None
+        self.extra: dict | None = None
+
+
+class _TensorRef(weakref.ref):
+    """Weak reference to a live tensor, naming the node that last wrote it."""
+
+    __slots__ = ("key", "node", "version")
+
+
+@dataclass(slots=True)
+class Failure:
+    """Where the forward pass raised, for notes and partial histories."""
+
+    func_name: str | None  # the op that raised, or None when user code raised
+    module_path: tuple  # module stack at the failure
+    parent_nodes: tuple[int, ...]  # logged tensors the failing op received
+
+
+@dataclass(slots=True)
+class CaptureOptions:
+    """What to keep per op; set by the public API after validation."""
+
+    save_all: bool = True
+    save_indices: frozenset[int] | None = None  # node indexes to save when not save_all
+    detach: bool = False
+    output_device: torch.device | None = None
+    postfunc: Callable[[torch.Tensor], Any] | None = None
+    save_function_args: bool = False
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors carry no version counter
+        return -1
+
+
+def _name_of(func: Any) -> str:
+    name = getattr(func, "__name__", None)
+    if name in ("__get__", "__set__"):  # property access such as `x.T`
+        owner = getattr(func, "__self__", None)
+        name = getattr(owner, "__name__", name)
+    return name or type(func).__name__
+
+
+class Recorder:
+    """Collects raw nodes for one forward pass of one model in one thread."""
+
+    def __init__(self, model: nn.Module, options: CaptureOptions) -> None:
+        self.options = options
+        self.nodes: list[RawNode] = []
+        self.producer: dict[int, _TensorRef] = {}
+        self.thread_id = threading.get_ident()
+        self.module_stack: tuple[tuple[str, int], ...] = ()
+        self.module_calls: dict[str, int] = {}
+        self.module_addresses = {id(m): a for a, m in model.named_modules() if a}
+        self.param_info = {
+            id(p): ParamInfo(a, tuple(p.shape), p.numel(), p.numel() * p.element_size())
+            for a, p in model.named_parameters()
+        }
+        self.buffer_addresses = {id(b): a for a, b in model.named_buffers()}
+        self.failure: Failure | None = None
+        self.error_stack: tuple | None = None
+        self._names: dict[Any, str] = {}
+        self._call_count = 0
+        self._forget = self._make_forget()
+
+    def _make_forget(self) -> Callable[[_TensorRef], None]:
+        producer = self.producer
+
+        def forget(ref: _TensorRef) -> None:
+            # Runs when a tensor dies, before its id can be reused.
+            if producer.get(ref.key) is ref:
+                del producer[ref.key]
+
+        return forget
+
+    # ----- nodes -------------------------------------------------------------------
+    def _new_node(self, t: torch.Tensor, kind: str, func_name: str, parents: list,
+                  params: tuple, output_index: int = 0, call_id: int = -1) -> RawNode:
+        index = len(self.nodes)
+        node = RawNode(index, kind, func_name, parents, params, self.module_stack,
+                       output_index, call_id, TensorMeta.of(t))
+        self.nodes.append(node)
+        for parent, _ in parents:
+            children = self.nodes[parent].children
+            if not children or children[-1] != index:
+                children.append(index)
+        key = id(t)
+        ref = self.producer.get(key)
+        if ref is None:
+            ref = _TensorRef(t, self._forget)
+            ref.key = key
+            self.producer[key] = ref
+        ref.node = index
+        ref.version = _version(t)
+        return node
+
+    def _maybe_save(self, node: RawNode, t: torch.Tensor) -> None:
+        opts = self.options
+        if opts.save_all or node.index in opts.save_indices:
+            node.saved = self.copy_for_saving(t)
+
+    def copy_for_saving(self, t: torch.Tensor) -> Any:
+        """A copy of `t` that later in-place ops cannot change, post-processed and moved."""
+        opts = self.options
+        if opts.postfunc is not None:
+            result = opts.postfunc(t)
+            if isinstance(result, _Tensor):
+                if result is t or result.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                    result = result.clone()
+                if opts.detach:
+                    result = result.detach()
+                if opts.output_device is not None:
+                    result = result.to(opts.output_device)
+            return result
+        src = t.detach() if opts.detach else t
+        if opts.output_device is not None and t.device != opts.output_device:
+            return src.to(opts.output_device, copy=True)
+        return src.clone()
+
+    def add_source(self, t: torch.Tensor, kind: str, address: str | None = None) -> RawNode:
+        """Record a tensor that no logged op produced: an input, buffer or foreign tensor."""
+        name = {"input": "input", "buffer": "buffer"}.get(kind, "tensor")
+        node = self._new_node(t, kind, name, [], ())
+        node.address = address
+        self._maybe_save(node, t)
+        return node
+
+    def _source_for(self, t: torch.Tensor) -> int:
+        address = self.buffer_addresses.get(id(t))
+        kind = "buffer" if address is not None else "source"
+        return self.add_source(t, kind, address).index
+
+    # ----- per op (hot path) ---------------------------------------------------------
+    def on_op(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = _name_of(func)
+        t0 = perf_counter_ns()
+        try:
+            out = func(*args, **kwargs)
+        except BaseException:
+            self._note_failure(name, args, kwargs)
+            raise
+        elapsed = perf_counter_ns() - t0
+        if type(out) is _Tensor or isinstance(out, _Tensor):
+            outs = ((out, ()),)
+        elif out is None and func is _SETITEM:
+            outs = ((args[0], ()),)
+        elif out is None or isinstance(out, (bool, int, float, torch.Size, torch.dtype, str)):
+            return out
+        else:
+            outs = find_tensors(out)
+            if not outs:
+                return out
+        if name in _NOT_OPS:
+            return out
+        self._record(func, name, args, kwargs, outs, elapsed)
+        return out
+
+    def _find_parents(self, args: tuple, kwargs: dict) -> tuple[list, list]:
+        parents: list = []
+        params: list = []
+        for path_head, value in enumerate(args):
+            self._scan(value, path_head, parents, params)
+        for key, value in kwargs.items():
+            self._scan(value, key, parents, params)
+        return parents, params
+
+    def _scan(self, value: Any, path: Any, parents: list, params: list) -> None:
+        if isinstance(value, _Tensor):
+            ref = self.producer.get(id(value))
+            if ref is not None:
+                parents.append((ref.node, path))
+                return
+            info = self.param_info.get(id(value))
+            if info is not None:
+                if info not in params:
+                    params.append(info)
+                return
+            parents.append((self._source_for(value), path))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if isinstance(item, (_Tensor, list, tuple, dict)):
+                    self._scan(item, (path, i) if not isinstance(path, tuple) else path + (i,),
+                               parents, params)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                self._scan(item, (path, key) if not isinstance(path, tuple) else path + (key,),
+                           parents, params)
+
+    def _record(self, func: Callable, name: str, args: tuple, kwargs: dict, outs: Any,
+                elapsed: int) -> None:
+        parents, params = self._find_parents(args, kwargs)
+        params_t = tuple(params)
+        self._call_count += 1
+        call_id = self._call_count
+        name_inplace = (name[-1] == "_" and name[0] != "_") or name in _INPLACE_DUNDERS \
+            or func is _SETITEM or "out" in kwargs
+        for output_index, (t, _) in enumerate(outs):
+            existing = self.producer.get(id(t))
+            prior = self.nodes[existing.node] if existing is not None else None
+            changed = prior is not None and (name_inplace or _version(t) != existing.version)
+            node = self._new_node(t, "op", name, parents, params_t, output_index, call_id)
+            node.elapsed_ns = elapsed
+            node.is_inplace = changed
+            grad_fn = t.grad_fn
+            if grad_fn is not None:
+                node.grad_fn_name = type(grad_fn).__name__
+            if prior is not None and not changed and prior.saved is not None and self.options.save_all:
+                node.saved = prior.saved  # an op that returned its input unchanged: store once
+            else:
+                self._maybe_save(node, t)
+            if self.options.save_function_args:
+                node.func_args = (func, args, kwargs)
+
+    def _note_failure(self, name: str, args: tuple, kwargs: dict) -> None:
+        if self.failure is not None:
+            return
+        found = find_tensors((args, kwargs))
+        nodes = tuple(dict.fromkeys(
+            self.producer[id(t)].node for t, _ in found if id(t) in self.producer))
+        self.failure = Failure(name, self.module_stack, nodes)
+
+    # ----- module boundaries ------------------------------------------------------------
+    def pre_hook(self, module: nn.Module, args: Any) -> None:
+        if threading.get_ident() != self.thread_id:
+            return
+        with torch._C.DisableTorchFunction():  # our own bookkeeping must not be logged
+            self._enter(module)
+
+    def _enter(self, module: nn.Module) -> None:
+        address = self.module_addresses[id(module)]
+        count = self.module_calls.get(address, 0) + 1
+        self.module_calls[address] = count
+        self.module_stack = self.module_stack + ((address, count),)
+
+    def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self.thread_id:
+            return
+        with torch._C.DisableTorchFunction():
+            self._exit(module, output)
+
+    def _exit(self, module: nn.Module, output: Any) -> None:
+        address = self.module_addresses[id(module)]
+        stack = self.module_stack
+        if sys.exc_info()[0] is not None and self.error_stack is None:
+            self.error_stack = stack  # the deepest module the exception passed through
+        depth = len(stack) - 1
+        while depth >= 0 and stack[depth][0] != address:
+            depth -= 1
+        if depth < 0:
+            return
+        call = stack[depth]
+        self.module_stack = stack[:depth]
+        for t, _ in find_tensors(output):
+            ref = self.producer.get(id(t))
+            if ref is None and id(t) in self.param_info:
+                continue
+            index = ref.node if ref is not None else self._source_for(t)
+            self.nodes[index].output_of.append(call)
+
+    # ----- start and end ------------------------------------------------------------------
+    def add_outputs(self, output: Any) -> None:
+        """Add one output node per tensor the model returned."""
+        for t, path in find_tensors(output):
+            ref = self.producer.get(id(t))
+            parent = ref.node if ref is not None else self._source_for(t)
+            node = self._new_node(t, "output", "output", [(parent, path)], ())
+            if self.options.save_all or node.index in self.options.save_indices:
+                prior = self.nodes[parent].saved
+                node.saved = prior if prior is not None else self.copy_for_saving(t)
+
+
+class _CaptureMode(TorchFunctionMode):
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.on_op = recorder.on_op
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.on_op(func, args, kwargs or {})
+
+
+def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOptions) -> tuple[Recorder, Any]:
+    """Run `model(*args, **kwargs)` while recording; undo every hook and the mode after.
+
+    Returns the recorder and the model output. If forward raises, the exception is
+    re-raised unchanged with the recorder attached as `exc.torchlog_recorder`.
+
+    Raises:
+        NestedLoggingError: this thread is already inside log_forward_pass.
+    """
+    from torchlog.errors import NestedLoggingError
+
+    if getattr(_active, "recording", False):
+        raise NestedLoggingError(
+            "log_forward_pass was called inside another log_forward_pass in the same thread "
+            "(a model that logs a sub-model); log the sub-model separately, outside the "
+            "outer call")
+    recorder = Recorder(model, options)
+    for t, path in find_tensors((args, kwargs)):
+        if id(t) not in recorder.producer:
+            recorder.add_source(t, "input", _input_name(path))
+    handles = []
+    _active.recording = True
+    try:
+        for module in model.modules():
+            if module is model:
+                continue
+            handles.append(module.register_forward_pre_hook(recorder.pre_hook))
+            handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
+        with _CaptureMode(recorder):
+            output = model(*args, **kwargs)
+        recorder.add_outputs(output)
+    except BaseException as exc:
+        if hasattr(exc, "__dict__"):  # exceptions with __slots__ cannot carry it
+            exc.torchlog_recorder = recorder
+        raise
+    finally:
+        for handle in handles:
+            handle.remove()
+        _active.recording = False
+    return recorder, output
+
+
+def _input_name(path: tuple) -> str:
+    # path[0] is 0 for positional args, 1 for kwargs; the rest locates the tensor.
+    head, rest = ("args", path[1:]) if path[0] == 0 else ("kwargs", path[1:])
+    return head + "".join(f"[{p!r}]" for p in rest)

@@ -1,0 +1,198 @@
+"""Text views of histories and records, in the formats of the TorchLens article."""
+from __future__ import annotations
+
+import textwrap
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchlog.errors import MissingDependencyError
+from torchlog.records import LayerRecord, PassRecord
+
+if TYPE_CHECKING:
+    from torchlog.history import ModelHistory
+
+_INDENT = "    "
+
+
+def human_size(num_bytes: float) -> str:
+    """Format a byte count with 1024-based units: `253.5 KB`."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(num_bytes) < 1024 or unit == "GB":
+            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
+        num_bytes /= 1024
+    return f"{num_bytes:.1f} TB"
+
+
+def _structure(history: "ModelHistory") -> str:
+    loops = (f"recurrent (at most {history.max_passes} passes)" if history.is_recurrent
+             else "purely feedforward")
+    branching = "with branching" if history.has_branching else "without branching"
+    return f"{loops}, {branching}; {len(history.modules)} total modules."
+
+
+def format_history(history: "ModelHistory") -> str:
+    """The `print(history)` text: summary lines, module hierarchy, then every pass."""
+    info = history.info
+    param_passes = history.param_passes
+    used = {p.address: p for r in param_passes for p in r.params}.values()
+    param_bytes = sum(p.num_bytes for p in used)
+    num_params = sum(p.num_params for p in used)
+    state = " (partial: the forward pass raised)" if info.is_partial else ""
+    lines = [
+        f"Log of {info.model_name} forward pass{state}:",
+        f"{_INDENT}Model structure: {_structure(history)}",
+        f"{_INDENT}{history.num_tensors} tensors ({human_size(history.num_bytes)}) computed in forward "
+        f"pass; {history.num_saved} tensors ({human_size(history.num_saved_bytes)}) saved.",
+        f"{_INDENT}{len(param_passes)} parameter operations ({num_params} params total; "
+        f"{human_size(param_bytes)}).",
+        f"{_INDENT}Random seed: {info.random_seed}",
+        f"{_INDENT}Time elapsed: {info.elapsed_s:.3f}s",
+    ]
+    if info.is_partial:
+        lines.append(f"{_INDENT}Stopped at: {info.failure}")
+    lines.append(f"{_INDENT}Module Hierarchy:")
+    lines += _hierarchy_lines(history, 2)
+    lines.append(f"{_INDENT}Layers:")
+    for pos, record in enumerate(history):
+        suffix = f"(pass {record.pass_num} of {record.num_passes})" if record.num_passes > 1 else ""
+        lines.append(f"{_INDENT * 2}{pos}: {record.label} {suffix}")
+    return "\n".join(lines)
+
+
+def _hierarchy_lines(history: "ModelHistory", depth: int) -> list[str]:
+    modules = history.modules
+    top = [a for a in modules if "." not in a]
+
+    def name(address: str) -> str:
+        calls = modules[address].num_passes
+        return f"{address} (x{calls})" if calls > 1 else address
+
+    def block(addresses: list[str], level: int) -> list[str]:
+        out: list[str] = []
+        leaves: list[str] = []
+        pad = _INDENT * level
+
+        def flush() -> None:
+            if leaves:
+                text = ", ".join(leaves)
+                out.extend(textwrap.wrap(text, 100, initial_indent=pad, subsequent_indent=pad,
+                                         break_on_hyphens=False))
+                leaves.clear()
+
+        for address in addresses:
+            children = list(modules[address].children)
+            if children:
+                flush()
+                out.append(f"{pad}{name(address)}:")
+                out += block(children, level + 1)
+            else:
+                leaves.append(name(address))
+        flush()
+        return out
+
+    return block(top, depth)
+
+
+def _preview(t: torch.Tensor) -> str:
+    view = t.detach()
+    while view.dim() > 2:
+        view = view[0]
+    if view.dim() == 2:
+        view = view[:5, :5]
+    elif view.dim() == 1:
+        view = view[:5]
+    text = str(view.cpu()).replace("\n", "\n" + _INDENT * 2)
+    return f"{_INDENT * 2}{text}" + ("..." if view.numel() < t.numel() else "")
+
+
+def format_pass(record: PassRecord) -> str:
+    """The `print(history[label])` text of one pass."""
+    meta = record.tensor_meta
+    passes = f" (pass {record.pass_num} of {record.num_passes})" if record.num_passes > 1 else ""
+    lines = [f"Layer {record.label}{passes}, operation {record.op_position}/{record.num_ops}:"]
+    shape = "(" + ", ".join(str(s) for s in meta.shape) + ("," if len(meta.shape) == 1 else "") + ")"
+    lines.append(f"{_INDENT}Output tensor: shape={shape}, dtype={meta.dtype}, size={human_size(meta.num_bytes)}")
+    if isinstance(record.tensor_contents, torch.Tensor):
+        lines.append(_preview(record.tensor_contents))
+    elif record.tensor_contents is None:
+        lines.append(f"{_INDENT * 2}(not saved)")
+    if record.params:
+        ordered = sorted(record.params, key=lambda p: (len(p.shape), p.shape))
+        shapes = ", ".join(str(tuple(p.shape)) for p in ordered)
+        lines.append(f"{_INDENT}Params: Computed from params with shape {shapes}; "
+                     f"{record.num_params} params total ({human_size(sum(p.num_bytes for p in record.params))})")
+    else:
+        lines.append(f"{_INDENT}Params: no params used")
+    lines.append(f"{_INDENT}Parent Layers: {', '.join(record.parent_labels) or 'no parents'}")
+    lines.append(f"{_INDENT}Child Layers: {', '.join(record.children) or 'no children'}")
+    grad = f" (gradfunc={record.grad_fn_name})" if record.grad_fn_name else ""
+    lines.append(f"{_INDENT}Function: {record.func_name}{grad}")
+    inside = record.containing_modules[0].rpartition(":")[0] if record.containing_modules else "(top level)"
+    lines.append(f"{_INDENT}Computed inside module: {inside}")
+    lines.append(f"{_INDENT}Time elapsed:  {record.elapsed_s:.3E}s")
+    outputs = [m.rpartition(":")[0] if _single_call(record, m) else m for m in record.output_of_modules]
+    lines.append(f"{_INDENT}Output of modules: {', '.join(outputs) or 'none'}")
+    lines.append(f"{_INDENT}Output of bottom-level module: {outputs[0] if outputs else 'none'}")
+    flags = [name for name in ("input", "output", "buffer", "source", "inplace", "created")
+             if getattr(record, f"is_{name}")]
+    if flags:
+        lines.append(f"{_INDENT}Flags: {', '.join(flags)}")
+    lines.append(f"{_INDENT}Lookup keys: {', '.join(str(k) for k in record.lookup_keys)}")
+    return "\n".join(lines)
+
+
+def _single_call(record: PassRecord, module_call: str) -> bool:
+    address = module_call.rpartition(":")[0]
+    return address in record.lookup_keys
+
+
+def format_layer(layer: LayerRecord) -> str:
+    """A rolled layer: its passes and which passes its edges connect."""
+    lines = [f"Layer {layer.label} ({layer.num_passes} passes), function {layer.first.func_name}:"]
+    for record in layer.passes:
+        lines.append(f"{_INDENT}pass {record.pass_num}: {record.label} shape={record.tensor_meta.shape}")
+    for title, links in (("Parent layers", layer.parent_layers), ("Child layers", layer.child_layers)):
+        parts = [f"{name} (passes {_ranges(span.parent_passes)} -> {_ranges(span.child_passes)})"
+                 for name, span in links.items()]
+        lines.append(f"{_INDENT}{title}: {', '.join(parts) or 'none'}")
+    return "\n".join(lines)
+
+
+def _ranges(numbers: tuple[int, ...]) -> str:
+    """`(1, 2, 3, 5)` -> `1-3,5`."""
+    values = sorted(set(numbers))
+    parts: list[str] = []
+    start = prev = values[0] if values else 0
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if v is not None:
+            start = prev = v
+    return ",".join(parts)
+
+
+def to_dataframe(history: "ModelHistory"):
+    """One row per pass with the record's scalar fields."""
+    try:
+        import pandas as pd
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "to_pandas() needs pandas; install it with `pip install torchlog[pandas]`") from exc
+    rows = []
+    for record in history:
+        rows.append({
+            "label": record.label, "layer_label": record.layer_label, "layer_type": record.layer_type,
+            "func_name": record.func_name, "op_index": record.op_index, "pass_num": record.pass_num,
+            "num_passes": record.num_passes, "shape": record.tensor_meta.shape,
+            "dtype": str(record.tensor_meta.dtype), "num_bytes": record.num_bytes,
+            "parents": list(record.parent_labels), "children": list(record.children),
+            "module": record.module, "containing_modules": list(record.containing_modules),
+            "output_of_modules": list(record.output_of_modules), "num_params": record.num_params,
+            "grad_fn": record.grad_fn_name, "elapsed_s": record.elapsed_s,
+            "is_input": record.is_input, "is_output": record.is_output, "is_buffer": record.is_buffer,
+            "is_inplace": record.is_inplace, "has_saved_tensor": record.has_saved_tensor,
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,58 @@
+"""Every exception torchlog raises, each also inheriting the closest builtin."""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class TorchlogError(Exception):
+    """Base class of every error torchlog raises on purpose."""
+
+
+class LayerNotFoundError(TorchlogError, KeyError):
+    """A lookup key names no layer, pass or module of the history."""
+
+    def __str__(self) -> str:
+        # KeyError's str() wraps the message in quotes; show it plainly.
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidOptionError(TorchlogError, ValueError):
+    """An option has a value outside the accepted set."""
+
+
+class InvalidArgumentTypeError(TorchlogError, TypeError):
+    """An argument has the wrong type."""
+
+
+class ModelInputError(TorchlogError, TypeError):
+    """The inputs cannot be passed to the model's forward."""
+
+
+class NondeterministicModelError(TorchlogError, RuntimeError):
+    """Two forward passes with the same seed ran different operations."""
+
+
+class NestedLoggingError(TorchlogError, RuntimeError):
+    """log_forward_pass was called while the same thread was already logging."""
+
+
+class LogFileError(TorchlogError, ValueError):
+    """A file is not a readable torchlog log (corrupt, foreign, newer format)."""
+
+
+class LogFileNotFoundError(TorchlogError, FileNotFoundError):
+    """A log file or its folder does not exist."""
+
+
+class LogFileExistsError(TorchlogError, FileExistsError):
+    """A log file already exists and overwrite was not asked for."""
+
+
+class MissingDependencyError(TorchlogError, ImportError):
+    """An optional dependency (graphviz, h5py, pandas, dot) is not installed."""
+
+
+def closest_matches(key: str, candidates: Iterable[str], limit: int = 5) -> list[str]:
+    """Return up to `limit` candidates closest to `key`, best first."""
+    return difflib.get_close_matches(key, list(candidates), n=limit, cutoff=0.5)

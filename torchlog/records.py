@@ -1,0 +1,193 @@
+"""The data records of a logged pass: one per op execution, per layer, per module."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+
+class TensorMeta(NamedTuple):
+    """Shape, dtype and size of a tensor, kept even when its values are not saved."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    num_bytes: int
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "TensorMeta":
+        """Read the metadata of `tensor` (never its values)."""
+        return cls(tuple(tensor.shape), tensor.dtype, tensor.element_size() * tensor.numel())
+
+
+class ParamInfo(NamedTuple):
+    """A parameter an op used: its address in the model, shape and size."""
+
+    address: str
+    shape: tuple[int, ...]
+    num_params: int
+    num_bytes: int
+
+
+class ParentEdge(NamedTuple):
+    """One tensor argument of an op: which pass produced it and where it was passed.
+
+    `arg` is the positional index (int), keyword name (str), or a tuple path into a
+    nested list/dict argument (`(0, 1)` = second tensor of the list passed first).
+    """
+
+    label: str
+    arg: Any
+
+
+@dataclass(slots=True, eq=False)
+class PassRecord:
+    """One execution of one op (an unrolled node of the graph)."""
+
+    label: str  # 'linear_1_1:2', or 'conv2d_3_7' when the layer ran once
+    layer_label: str  # 'linear_1_1'
+    layer_type: str  # 'linear'
+    func_name: str  # name of the torch function that ran, e.g. 'linear', '__getitem__'
+    op_index: int  # 0-based position in execution order over all passes
+    pass_num: int  # 1-based
+    num_passes: int  # passes of this layer in the whole forward pass
+    tensor_meta: TensorMeta  # of the op's real output (before activation_postfunc)
+    tensor_contents: torch.Tensor | None  # saved copy, or None when not saved
+    parents: tuple[ParentEdge, ...]  # tensor arguments in argument order
+    children: tuple[str, ...]  # passes that took this output as an argument
+    params: tuple[ParamInfo, ...]  # parameters the op used
+    grad_fn_name: str | None  # e.g. 'ConvolutionBackward0'
+    containing_modules: tuple[str, ...]  # 'address:pass', innermost first
+    output_of_modules: tuple[str, ...]  # 'address:pass' of module calls that returned this
+    output_index: int  # which tensor of a multi-output op's result (0 for single)
+    elapsed_s: float  # time spent in the op itself
+    is_input: bool = False  # a tensor passed to the model
+    is_output: bool = False  # a tensor the model returned
+    is_buffer: bool = False  # a module buffer read during forward
+    is_source: bool = False  # a tensor with no recorded producer (from_numpy, attributes)
+    is_inplace: bool = False  # the op wrote into an existing tensor
+    is_created: bool = False  # made inside forward with no tensor inputs (zeros, arange)
+    buffer_address: str | None = None  # for buffers: 'bn.running_mean'
+    func_args: Any = None  # (args, kwargs) with tensors replaced, when save_function_args
+    rng_state: torch.Tensor | None = None  # CPU RNG state before the op, when save_function_args
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. Triton grid and constexprs
+    num_ops: int = 0  # passes in the history this record belongs to
+    lookup_keys: tuple = ()  # every key that finds this pass, as the history sets them
+    grad_contents: torch.Tensor | None = None  # gradient of the loss w.r.t. this output
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.tensor_meta.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensor_meta.dtype
+
+    @property
+    def num_bytes(self) -> int:
+        return self.tensor_meta.num_bytes
+
+    @property
+    def parent_labels(self) -> tuple[str, ...]:
+        """Distinct parent passes in argument order (`x + x` lists `x` once)."""
+        return tuple(dict.fromkeys(edge.label for edge in self.parents))
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.num_params for p in self.params)
+
+    @property
+    def op_position(self) -> int:
+        """1-based position in its history ('operation 8/24')."""
+        return self.lookup_keys[1] + 1 if self.lookup_keys else self.op_index + 1
+
+    @property
+    def has_saved_tensor(self) -> bool:
+        return self.tensor_contents is not None
+
+    @property
+    def module(self) -> str | None:
+        """Address of the innermost module the op ran in, without pass; None at top level."""
+        return self.containing_modules[0].rpartition(":")[0] if self.containing_modules else None
+
+    def __repr__(self) -> str:
+        return f"<PassRecord {self.label} {self.layer_type} {self.tensor_meta.shape}>"
+
+    def __str__(self) -> str:
+        from torchlog.display import format_pass  # display imports records, not the reverse
+
+        return format_pass(self)
+
+
+class PassSpan(NamedTuple):
+    """An edge of the rolled graph: which passes of the parent feed which of the child."""
+
+    parent_passes: tuple[int, ...]
+    child_passes: tuple[int, ...]
+
+
+@dataclass(slots=True, eq=False)
+class LayerRecord:
+    """A layer with all its passes (a rolled node of the graph)."""
+
+    label: str  # 'linear_1_1'
+    layer_type: str
+    passes: tuple[PassRecord, ...]  # in execution order, pass 1 first
+    parent_layers: dict[str, PassSpan]  # parent layer -> passes linked
+    child_layers: dict[str, PassSpan]  # child layer -> passes linked
+
+    @property
+    def num_passes(self) -> int:
+        return len(self.passes)
+
+    @property
+    def first(self) -> PassRecord:
+        return self.passes[0]
+
+    def __getitem__(self, pass_num: int) -> PassRecord:
+        """Return pass `pass_num` (1-based)."""
+        if not isinstance(pass_num, int) or not 1 <= pass_num <= len(self.passes):
+            from torchlog.errors import LayerNotFoundError
+
+            raise LayerNotFoundError(
+                f"layer {self.label!r} has passes 1..{len(self.passes)}; got {pass_num!r}"
+            )
+        return self.passes[pass_num - 1]
+
+    def __len__(self) -> int:
+        return len(self.passes)
+
+    def __iter__(self):
+        return iter(self.passes)
+
+    @property
+    def tensor_contents(self) -> list[torch.Tensor | None]:
+        """Saved activations of every pass, pass 1 first."""
+        return [p.tensor_contents for p in self.passes]
+
+    def __repr__(self) -> str:
+        return f"<LayerRecord {self.label} x{len(self.passes)}>"
+
+    def __str__(self) -> str:
+        from torchlog.display import format_layer
+
+        return format_layer(self)
+
+
+@dataclass(slots=True, eq=False)
+class ModuleRecord:
+    """A submodule of the model and what each of its calls returned."""
+
+    address: str  # 'features.6'
+    type_name: str  # 'Conv2d'
+    num_params: int  # parameters owned directly or by submodules
+    children: tuple[str, ...]  # addresses of direct submodules
+    call_outputs: tuple[tuple[str, ...], ...]  # per call: labels of the passes it returned
+    call_layers: tuple[tuple[str, ...], ...]  # per call: labels of passes computed inside it
+
+    @property
+    def num_passes(self) -> int:
+        return len(self.call_outputs)
+
+    def __repr__(self) -> str:
+        return f"<ModuleRecord {self.address} ({self.type_name}) x{self.num_passes}>"

@@ -1,0 +1,1 @@
+"""Rendering a finished ModelHistory with graphviz (installed as torchlog.vis)."""
