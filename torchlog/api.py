@@ -150,7 +150,7 @@ def _build(request: _Request, recorder: Recorder, started: float, prune: bool,
     built = assemble(recorder, request.model)
     passes = built.passes
     if prune:
-        passes = [p for p in passes if p.tensor_contents is not None]
+        passes = [p for p in passes if p.saved is not None]
     info = RunInfo(
         model_name=type(request.model).__name__,
         random_seed=request.seed,

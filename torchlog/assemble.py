@@ -61,7 +61,7 @@ def _pass_record(node: RawNode, labels: list, nodes: list[RawNode]) -> PassRecor
         pass_num=pass_num,
         num_passes=num_passes,
         tensor_meta=node.meta,
-        tensor_contents=node.saved,
+        saved=node.saved,
         parents=tuple(ParentEdge(labels[p][0], arg) for p, arg in node.parents),
         children=tuple(labels[c][0] for c in node.children),
         params=node.params,

@@ -7,6 +7,7 @@ grouping and module summaries are computed afterwards from the raw nodes.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import weakref
@@ -90,6 +91,12 @@ class CaptureOptions:
     output_device: torch.device | None = None
     postfunc: Callable[[torch.Tensor], Any] | None = None
     save_function_args: bool = False
+    # Called with (node index, saved copy) as each activation is saved; returns what the
+    # node keeps instead (a LazyTensor when streaming to disk). Used by torchlog.storage.
+    sink: Callable[[int, Any], Any] | None = None
+    # Context-manager factories entered around the forward pass with the recorder, for
+    # op sources outside torch functions (Triton kernel launches).
+    plugins: tuple[Callable[["Recorder"], Any], ...] = ()
 
 
 def _version(t: torch.Tensor) -> int:
@@ -163,7 +170,8 @@ class Recorder:
     def _maybe_save(self, node: RawNode, t: torch.Tensor) -> None:
         opts = self.options
         if opts.save_all or node.index in opts.save_indices:
-            node.saved = self.copy_for_saving(t)
+            saved = self.copy_for_saving(t)
+            node.saved = saved if opts.sink is None else opts.sink(node.index, saved)
 
     def copy_for_saving(self, t: torch.Tensor) -> Any:
         """A copy of `t` that later in-place ops cannot change, post-processed and moved."""
@@ -279,6 +287,30 @@ class Recorder:
             if self.options.save_function_args:
                 node.func_args = (func, args, kwargs)
 
+    def record_external(self, name: str, inputs: list[tuple[torch.Tensor, Any]],
+                        outputs: list[torch.Tensor], elapsed_ns: int = 0,
+                        extra: dict | None = None) -> list[RawNode]:
+        """Record an op that is not a torch function (a Triton kernel launch).
+
+        `inputs` are (tensor, argument slot) pairs; `outputs` the tensors the op wrote,
+        which from now on have this op as their producer. Returns the new nodes.
+        """
+        with torch._C.DisableTorchFunction():
+            parents: list = []
+            params: list = []
+            for t, slot in inputs:
+                self._scan(t, slot, parents, params)
+            self._call_count += 1
+            nodes = []
+            for output_index, t in enumerate(outputs):
+                node = self._new_node(t, "op", name, parents, tuple(params), output_index,
+                                      self._call_count)
+                node.elapsed_ns = elapsed_ns
+                node.extra = dict(extra or {})
+                self._maybe_save(node, t)
+                nodes.append(node)
+            return nodes
+
     def _note_failure(self, name: str, args: tuple, kwargs: dict) -> None:
         if self.failure is not None:
             return
@@ -374,9 +406,13 @@ def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOp
                 continue
             handles.append(module.register_forward_pre_hook(recorder.pre_hook))
             handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
-        with _CaptureMode(recorder):
-            output = model(*args, **kwargs)
-        recorder.add_outputs(output)
+        with contextlib.ExitStack() as plugins:
+            for plugin in options.plugins:
+                plugins.enter_context(plugin(recorder))
+            with _CaptureMode(recorder):
+                output = model(*args, **kwargs)
+        with torch._C.DisableTorchFunction():
+            recorder.add_outputs(output)
     except BaseException as exc:
         if hasattr(exc, "__dict__"):  # exceptions with __slots__ cannot carry it
             exc.torchlog_recorder = recorder

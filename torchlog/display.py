@@ -113,10 +113,10 @@ def format_pass(record: PassRecord) -> str:
     lines = [f"Layer {record.label}{passes}, operation {record.op_position}/{record.num_ops}:"]
     shape = "(" + ", ".join(str(s) for s in meta.shape) + ("," if len(meta.shape) == 1 else "") + ")"
     lines.append(f"{_INDENT}Output tensor: shape={shape}, dtype={meta.dtype}, size={human_size(meta.num_bytes)}")
-    if isinstance(record.tensor_contents, torch.Tensor):
-        lines.append(_preview(record.tensor_contents))
-    elif record.tensor_contents is None:
+    if record.saved is None:
         lines.append(f"{_INDENT * 2}(not saved)")
+    elif isinstance(record.tensor_contents, torch.Tensor):
+        lines.append(_preview(record.tensor_contents))
     if record.params:
         ordered = sorted(record.params, key=lambda p: (len(p.shape), p.shape))
         shapes = ", ".join(str(tuple(p.shape)) for p in ordered)

@@ -212,14 +212,14 @@ class ModelHistory(Mapping):
 
     @property
     def num_saved(self) -> int:
-        return sum(p.tensor_contents is not None for p in self._passes)
+        return sum(p.saved is not None for p in self._passes)
 
     @property
     def num_saved_bytes(self) -> int:
         """Bytes of distinct saved tensors (a tensor shared by two passes counts once)."""
         seen: dict[int, int] = {}
         for p in self._passes:
-            t = p.tensor_contents
+            t = p.saved
             if t is not None and hasattr(t, "element_size"):
                 seen[id(t)] = t.element_size() * t.numel()
         return sum(seen.values())
@@ -258,6 +258,28 @@ class ModelHistory(Mapping):
         from torchlog.display import to_dataframe
 
         return to_dataframe(self)
+
+    def render_graph(self, **options: Any) -> Any:
+        """Render the graph with graphviz; see `torchlog.vis.render` for the options.
+
+        Raises:
+            MissingDependencyError: graphviz (Python package or `dot`) is missing.
+        """
+        from torchlog.vis import render  # lazily: graphviz is an optional extra
+
+        return render(self, **options)
+
+    def to_dot(self, **options: Any) -> str:
+        """The DOT source of the graph, available even without the `dot` binary."""
+        from torchlog.vis import to_dot
+
+        return to_dot(self, **options)
+
+    def save(self, path: str, **options: Any) -> str:
+        """Write this history and its saved activations to an HDF5 file (see torchlog.storage)."""
+        from torchlog.storage import save_history  # lazily: h5py is an optional extra
+
+        return save_history(self, path, **options)
 
     def summary(self) -> str:
         from torchlog.display import format_history

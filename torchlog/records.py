@@ -7,6 +7,16 @@ from typing import Any, NamedTuple
 import torch
 
 
+class LazyTensor:
+    """A saved activation that lives elsewhere (an HDF5 file) and is read on access.
+
+    Storage backends subclass it; `PassRecord.tensor_contents` calls `load()`.
+    """
+
+    def load(self) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement load()")
+
+
 class TensorMeta(NamedTuple):
     """Shape, dtype and size of a tensor, kept even when its values are not saved."""
 
@@ -52,7 +62,7 @@ class PassRecord:
     pass_num: int  # 1-based
     num_passes: int  # passes of this layer in the whole forward pass
     tensor_meta: TensorMeta  # of the op's real output (before activation_postfunc)
-    tensor_contents: torch.Tensor | None  # saved copy, or None when not saved
+    saved: Any  # saved copy (a tensor, a LazyTensor, or a postfunc result); None when not saved
     parents: tuple[ParentEdge, ...]  # tensor arguments in argument order
     children: tuple[str, ...]  # passes that took this output as an argument
     params: tuple[ParamInfo, ...]  # parameters the op used
@@ -102,8 +112,14 @@ class PassRecord:
         return self.lookup_keys[1] + 1 if self.lookup_keys else self.op_index + 1
 
     @property
+    def tensor_contents(self) -> Any:
+        """The saved activation (read from disk now if the log is on disk); None if not saved."""
+        saved = self.saved
+        return saved.load() if isinstance(saved, LazyTensor) else saved
+
+    @property
     def has_saved_tensor(self) -> bool:
-        return self.tensor_contents is not None
+        return self.saved is not None
 
     @property
     def module(self) -> str | None:
