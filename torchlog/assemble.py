@@ -80,8 +80,19 @@ def _pass_record(node: RawNode, labels: list, nodes: list[RawNode]) -> PassRecor
         func_args=node.func_args,
         rng_state=node.rng_state,
         extra=node.extra or {},
+        call_site=_site_text(node.site),
     )
     return record
+
+
+def _site_text(site: tuple | None) -> str | None:
+    if site is None:
+        return None
+    innermost = site[0]
+    if innermost is None:
+        return None
+    code, _, line = innermost
+    return f"{code.co_filename}:{line} in {code.co_name}"
 
 
 def _layer_record(members: list[int], passes: list[PassRecord], labels: list) -> LayerRecord:

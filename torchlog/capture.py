@@ -8,6 +8,7 @@ grouping and module summaries are computed afterwards from the raw nodes.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import weakref
@@ -40,7 +41,7 @@ class RawNode:
     __slots__ = (
         "index", "kind", "func_name", "parents", "children", "params", "module_path",
         "output_index", "call_id", "meta", "saved", "grad_fn_name", "elapsed_ns",
-        "is_inplace", "output_of", "address", "func_args", "rng_state", "extra",
+        "is_inplace", "output_of", "address", "func_args", "rng_state", "extra", "site",
     )
 
     def __init__(self, index: int, kind: str, func_name: str, parents: list, params: tuple,
@@ -64,6 +65,7 @@ class RawNode:
         self.func_args: Any = None
         self.rng_state: torch.Tensor | None = None
         self.extra: dict | None = None
+        self.site: tuple | None = None  # (code object, line) of the user code that called the op
 
 
 class _TensorRef(weakref.ref):
@@ -97,6 +99,8 @@ class CaptureOptions:
     # Context-manager factories entered around the forward pass with the recorder, for
     # op sources outside torch functions (Triton kernel launches).
     plugins: tuple[Callable[["Recorder"], Any], ...] = ()
+    # Called with (node, tensor) for every new node, e.g. to register gradient hooks.
+    on_node: Callable[[RawNode, torch.Tensor], None] | None = None
 
 
 def _version(t: torch.Tensor) -> int:
@@ -104,6 +108,29 @@ def _version(t: torch.Tensor) -> int:
         return t._version
     except RuntimeError:  # inference tensors carry no version counter
         return -1
+
+
+_INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+_internal_code: dict[Any, bool] = {}
+
+
+def _call_site() -> tuple | None:
+    """(code, instruction offset, line) of the nearest frame outside torch and torchlog: where user code called the op.
+
+    A handful of frame hops with a per-code cache: cheap enough to do per op, unlike
+    `inspect.stack()`, which reads source files.
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        internal = _internal_code.get(code)
+        if internal is None:
+            internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL_DIRS)
+        if not internal:
+            # The instruction offset tells apart two ops on one line (`x + a + b`).
+            return (code, frame.f_lasti, frame.f_lineno)
+        frame = frame.f_back
+    return None
 
 
 def _name_of(func: Any) -> str:
@@ -123,6 +150,7 @@ class Recorder:
         self.producer: dict[int, _TensorRef] = {}
         self.thread_id = threading.get_ident()
         self.module_stack: tuple[tuple[str, int], ...] = ()
+        self.module_sites: tuple = ()  # where each module on the stack was called from
         self.module_calls: dict[str, int] = {}
         self.module_addresses = {id(m): a for a, m in model.named_modules() if a}
         self.param_info = {
@@ -135,6 +163,7 @@ class Recorder:
         self._names: dict[Any, str] = {}
         self._call_count = 0
         self._forget = self._make_forget()
+        self._rng_before: torch.Tensor | None = None  # CPU RNG state before the current op
 
     def _make_forget(self) -> Callable[[_TensorRef], None]:
         producer = self.producer
@@ -165,6 +194,8 @@ class Recorder:
             self.producer[key] = ref
         ref.node = index
         ref.version = _version(t)
+        if self.options.on_node is not None:
+            self.options.on_node(node, t)
         return node
 
     def _maybe_save(self, node: RawNode, t: torch.Tensor) -> None:
@@ -209,6 +240,8 @@ class Recorder:
         name = self._names.get(func)
         if name is None:
             name = self._names[func] = _name_of(func)
+        if self.options.save_function_args:
+            self._rng_before = self._rng_state()
         t0 = perf_counter_ns()
         try:
             out = func(*args, **kwargs)
@@ -270,6 +303,7 @@ class Recorder:
         call_id = self._call_count
         name_inplace = (name[-1] == "_" and name[0] != "_") or name in _INPLACE_DUNDERS \
             or func is _SETITEM or "out" in kwargs
+        site = (_call_site(), self.module_sites)
         for output_index, (t, _) in enumerate(outs):
             existing = self.producer.get(id(t))
             prior = self.nodes[existing.node] if existing is not None else None
@@ -277,6 +311,7 @@ class Recorder:
             node = self._new_node(t, "op", name, parents, params_t, output_index, call_id)
             node.elapsed_ns = elapsed
             node.is_inplace = changed
+            node.site = site
             grad_fn = t.grad_fn
             if grad_fn is not None:
                 node.grad_fn_name = type(grad_fn).__name__
@@ -286,6 +321,14 @@ class Recorder:
                 self._maybe_save(node, t)
             if self.options.save_function_args:
                 node.func_args = (func, args, kwargs)
+                node.rng_state = self._rng_before
+
+    def _rng_state(self) -> torch.Tensor:
+        """The CPU RNG state now, for replaying random ops; one object while it is unchanged."""
+        state = torch.get_rng_state()
+        last = self._rng_before
+        # Most ops draw no random numbers: share the ~5 KB state instead of storing copies.
+        return last if last is not None and torch.equal(last, state) else state
 
     def record_external(self, name: str, inputs: list[tuple[torch.Tensor, Any]],
                         outputs: list[torch.Tensor], elapsed_ns: int = 0,
@@ -331,6 +374,7 @@ class Recorder:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
+        self.module_sites = self.module_sites + (_call_site(),)
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         if threading.get_ident() != self.thread_id:
@@ -350,6 +394,7 @@ class Recorder:
             return
         call = stack[depth]
         self.module_stack = stack[:depth]
+        self.module_sites = self.module_sites[:depth]
         for t, _ in find_tensors(output):
             ref = self.producer.get(id(t))
             if ref is None and id(t) in self.param_info:

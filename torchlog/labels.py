@@ -21,8 +21,10 @@ def layer_type_of(func_name: str) -> str:
     """Map a function name to its layer type: `max_pool2d` -> `maxpool2d`, `__add__` -> `add`.
 
     In-place methods keep their base name (`relu_` -> `relu`); records carry an
-    `is_inplace` flag instead.
+    `is_inplace` flag instead. Triton kernels keep their name: `triton_act_quant`.
     """
+    if func_name.startswith("triton_"):
+        return func_name.lower()
     return func_name.strip("_").replace("_", "").lower() or "op"
 
 

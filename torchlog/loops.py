@@ -3,7 +3,9 @@
 Rules, applied in one deterministic sweep after the forward pass:
 
 1. Each op gets a signature: function, module path (without call numbers), the
-   parameters it used and which output of a multi-output op it is.
+   parameters it used, which output of a multi-output op it is and, for ops without
+   parameters, the instruction of user code that called it (and where each enclosing
+   module was called from).
 2. Ops with parameters and equal signatures are passes of one layer (the same
    weights applied again).
 3. From each such group we expand outwards in lockstep: neighbours that sit in the
@@ -32,7 +34,11 @@ def _signature(node: RawNode) -> tuple | None:
         return None  # inputs, outputs, buffers and foreign tensors never fold
     modules = tuple(address for address, _ in node.module_path)
     params = tuple(p.address for p in node.params)
-    return (node.func_name, modules, params, node.output_index)
+    # Parameter-free ops also need the same call site (code instruction, and where each
+    # enclosing module was called from): a loop runs one instruction many times, while
+    # a module called before a loop and inside it is called from two places.
+    site = None if params else node.site
+    return (node.func_name, modules, params, node.output_index, site)
 
 
 class _Grouper:
@@ -197,9 +203,11 @@ class _Grouper:
             return False
         for index in (body - {start}) | {end}:
             for parent, _ in self.nodes[index].parents:
-                if parent in body or parent in claimed:
-                    continue
-                if used_by[parent] < 2:
+                if parent in body or used_by[parent] >= 2 and parent not in claimed:
+                    continue  # inside the iteration, or loop-invariant
+                # A matched input must be made during this iteration: in `a + b + c`
+                # b and c were computed before the first add, not between the adds.
+                if parent not in claimed or parent < start:
                     return False
         return True
 

@@ -81,6 +81,7 @@ class PassRecord:
     func_args: Any = None  # (args, kwargs) with tensors replaced, when save_function_args
     rng_state: torch.Tensor | None = None  # CPU RNG state before the op, when save_function_args
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. Triton grid and constexprs
+    call_site: str | None = None  # 'file.py:42 in forward': the user code that ran the op
     num_ops: int = 0  # passes in the history this record belongs to
     lookup_keys: tuple = ()  # every key that finds this pass, as the history sets them
     grad_contents: torch.Tensor | None = None  # gradient of the loss w.r.t. this output

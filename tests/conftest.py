@@ -1,0 +1,25 @@
+"""Test setup shared by every test file: import paths and a guard against leaked capture state."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# `from tests.models import ...` and `from tests.invariants import ...` work however pytest is started.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_capture_state():
+    """Fail a test that leaves a TorchFunctionMode or logging flag behind after it ends."""
+    yield
+    from torchlog import capture
+
+    depth = torch._C._len_torch_function_stack()
+    assert depth == 0, f"{depth} TorchFunctionMode(s) still active after the test"
+    assert not getattr(getattr(capture, "_active", None), "recording", False), (
+        "torchlog still marks this thread as recording")
