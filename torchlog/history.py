@@ -216,7 +216,16 @@ class ModelHistory(Mapping):
 
     @property
     def num_saved_bytes(self) -> int:
-        """Bytes of distinct saved tensors (a tensor shared by two passes counts once)."""
+        """Bytes of the saved activations, pass by pass (as the summary reports them)."""
+        return sum(_nbytes(p.saved) for p in self._passes)
+
+    @property
+    def num_stored_bytes(self) -> int:
+        """Bytes of memory the saved tensors really use: a tensor shared by passes counts once.
+
+        An op that returns its input unchanged (eval-mode dropout, `.to()` to the same
+        device) shares its parent's saved copy, and an output shares its producer's.
+        """
         seen: dict[int, int] = {}
         for p in self._passes:
             t = p.saved
@@ -248,6 +257,17 @@ class ModelHistory(Mapping):
     @property
     def layers_with_grads(self) -> list[str]:
         return [p.label for p in self._passes if p.grad_contents is not None]
+
+    def log_backward(self, loss: Any) -> None:
+        """Call `loss.backward()` and fill `grad_contents` of every pass it reaches.
+
+        Raises:
+            InvalidOptionError: the history was logged without save_gradients=True.
+            InvalidArgumentTypeError: `loss` is not a tensor that requires grad.
+        """
+        from torchlog.gradients import log_backward  # history sits below gradients' users
+
+        log_backward(self, loss)
 
     def to_pandas(self):
         """One row per pass; imports pandas only when called.
@@ -296,6 +316,14 @@ class ModelHistory(Mapping):
     # Histories are looked up, not compared or hashed by content.
     __eq__ = object.__eq__
     __hash__ = object.__hash__
+
+
+def _nbytes(saved: Any) -> int:
+    if saved is None:
+        return 0
+    if hasattr(saved, "element_size"):
+        return saved.element_size() * saved.numel()
+    return getattr(saved, "num_bytes", 0)  # LazyTensor backends expose their size
 
 
 def _safe_split(key: str) -> tuple[str, int | None]:
