@@ -29,7 +29,8 @@ def assemble(recorder: Recorder, model: nn.Module) -> Assembled:
     groups = group_into_layers(nodes)
     labels = _label_nodes(nodes, groups)
     passes = [_pass_record(node, labels, nodes) for node in nodes]
-    layers = [_layer_record(members, passes, labels) for members in groups]
+    by_label = {p.label: p for p in passes}
+    layers = [_layer_record(members, passes, by_label) for members in groups]
     modules = _module_records(model, recorder, labels)
     return Assembled(passes, layers, modules)
 
@@ -95,11 +96,11 @@ def _site_text(site: tuple | None) -> str | None:
     return f"{code.co_filename}:{line} in {code.co_name}"
 
 
-def _layer_record(members: list[int], passes: list[PassRecord], labels: list) -> LayerRecord:
+def _layer_record(members: list[int], passes: list[PassRecord],
+                  by_label: dict[str, PassRecord]) -> LayerRecord:
     layer_passes = tuple(passes[i] for i in members)
     parent_links: dict[str, tuple[list[int], list[int]]] = {}
     child_links: dict[str, tuple[list[int], list[int]]] = {}
-    by_label = {p.label: p for p in passes}
     for record in layer_passes:
         for parent_label in record.parent_labels:
             parent = by_label[parent_label]
