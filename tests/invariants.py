@@ -1,16 +1,20 @@
-"""The one structural checker every capture test runs on its history, like fx's `graph.lint()`."""
+"""Shared checks on captured histories: structural invariants (like fx's `graph.lint()`) and the
+forward-hook oracle for module outputs."""
 from __future__ import annotations
 
+import copy
 from collections import Counter
+from typing import Any
 
 import torch
 
 from torchlog.history import ModelHistory
-from torchlog.labels import layer_label, parse_label, pass_label
+from torchlog.labels import ParsedLabel, layer_label, parse_label, pass_label
 from torchlog.records import LayerRecord, PassRecord
 
 
-def check_history(history: ModelHistory, postfunc_used: bool = False) -> None:
+def check_history(history: ModelHistory, postfunc_used: bool = False,
+                  complete: bool | None = None) -> None:
     """Check every structural invariant of `history` in time linear in its size.
 
     Links are only checked between passes present in the history, so histories
@@ -21,6 +25,8 @@ def check_history(history: ModelHistory, postfunc_used: bool = False) -> None:
         history: the history to check.
         postfunc_used: the history was logged with an `activation_postfunc`, so saved
             values need not match the op's shape and dtype.
+        complete: whether every pass of the forward pass is in the history (so layer
+            numbers must have no gaps); None tells from the history itself.
 
     Raises:
         AssertionError: an invariant does not hold; the message names the pass or
@@ -32,7 +38,8 @@ def check_history(history: ModelHistory, postfunc_used: bool = False) -> None:
     _check_order(passes)
     _check_links(passes, by_label)
     _check_kinds(passes)
-    complete = _is_complete(history, passes)
+    if complete is None:
+        complete = _is_complete(history, passes)
     _check_layers(history, by_label, complete)
     _check_modules(history, by_label)
     if not postfunc_used:
@@ -40,8 +47,8 @@ def check_history(history: ModelHistory, postfunc_used: bool = False) -> None:
 
 
 def _is_complete(history: ModelHistory, passes: list[PassRecord]) -> bool:
-    everything = history.info.extra.get("all_passes")
-    return everything is None or len(everything) == len(passes)
+    everything = history.info.extra.get("all_passes")  # kept by the API when it prunes
+    return everything is not None and len(everything) == len(passes)
 
 
 def _check_labels_unique(passes: list[PassRecord]) -> dict[str, PassRecord]:
@@ -75,26 +82,28 @@ def _check_order(passes: list[PassRecord]) -> None:
 
 def _check_links(passes: list[PassRecord], by_label: dict[str, PassRecord]) -> None:
     """Each parent lists its child and each child its parent; parents run first."""
+    from_parents: set[tuple[str, str]] = set()  # (parent, child) as children lists say
+    from_children: set[tuple[str, str]] = set()  # (parent, child) as parents lists say
     for record in passes:
         assert len(set(record.children)) == len(record.children), (
             f"{record.label} lists a child twice: {record.children!r}")
-        for parent_label in record.parent_labels:
-            parent = by_label.get(parent_label)
+        from_parents.update((record.label, c) for c in record.children if c in by_label)
+        for edge in record.parents:
+            parent = by_label.get(edge.label)
             if parent is None:
                 continue
             assert parent.op_index < record.op_index, (
-                f"parent {parent_label} (op_index {parent.op_index}) does not run before its "
+                f"parent {edge.label} (op_index {parent.op_index}) does not run before its "
                 f"child {record.label} (op_index {record.op_index})")
-            assert record.label in parent.children, (
-                f"{record.label} lists parent {parent_label}, whose children {parent.children!r} "
-                "do not list it back")
-        for child_label in record.children:
-            child = by_label.get(child_label)
-            if child is None:
-                continue
-            assert record.label in child.parent_labels, (
-                f"{record.label} lists child {child_label}, whose parents "
-                f"{child.parent_labels!r} do not list it back")
+            from_children.add((edge.label, record.label))
+    one_sided = sorted(from_children - from_parents)[:3]
+    assert not one_sided, "".join(
+        f"\n{c} lists parent {p}, whose children {by_label[p].children!r} do not list it back"
+        for p, c in one_sided)
+    one_sided = sorted(from_parents - from_children)[:3]
+    assert not one_sided, "".join(
+        f"\n{p} lists child {c}, whose parents {by_label[c].parent_labels!r} do not list it back"
+        for p, c in one_sided)
 
 
 def _check_kinds(passes: list[PassRecord]) -> None:
@@ -142,7 +151,7 @@ def _check_layers(history: ModelHistory, by_label: dict[str, PassRecord], comple
     assert firsts == sorted(firsts), "history.layers is not ordered by each layer's first pass"
 
 
-def _check_layer_label(layer: LayerRecord):
+def _check_layer_label(layer: LayerRecord) -> ParsedLabel:
     parsed = parse_label(layer.label)
     assert parsed is not None and parsed.total_num is not None and parsed.pass_num is None, (
         f"layer label {layer.label!r} is not of the form '{{type}}_{{type_num}}_{{total_num}}'")
@@ -192,9 +201,11 @@ def _check_spans(layer: LayerRecord, index: dict[str, LayerRecord]) -> None:
 
 
 def _check_modules(history: ModelHistory, by_label: dict[str, PassRecord]) -> None:
+    """Module calls and passes agree both ways on which call returned or contains which pass."""
     modules = history.modules
+    said_by_passes = {"output_of_modules": Counter(), "containing_modules": Counter()}
     for record in history:
-        for field in ("containing_modules", "output_of_modules"):
+        for field, counts in said_by_passes.items():
             for call in getattr(record, field):
                 address, k = _split_call(call, record, field)
                 module = modules.get(address)
@@ -203,30 +214,30 @@ def _check_modules(history: ModelHistory, by_label: dict[str, PassRecord]) -> No
                 assert 1 <= k <= module.num_passes, (
                     f"{record.label}.{field} names call {k} of {address!r}, which was called "
                     f"{module.num_passes} times")
-                listed = (module.call_outputs if field == "output_of_modules" else module.call_layers)
-                assert record.label in listed[k - 1], (
-                    f"{record.label} says it is in {field} {call!r}, but that call lists {listed[k - 1]!r}")
+                counts[(record.label, call)] += 1
         assert len(set(record.containing_modules)) == len(record.containing_modules), (
             f"{record.label} is inside the same module call twice: {record.containing_modules!r}")
+    said_by_modules = {"output_of_modules": Counter(), "containing_modules": Counter()}
     for address, module in modules.items():
         assert module.address == address, f"modules[{address!r}] has address {module.address!r}"
         assert len(module.call_layers) == len(module.call_outputs), (
             f"module {address!r}: {len(module.call_outputs)} calls in call_outputs, "
             f"{len(module.call_layers)} in call_layers")
         for k, (outputs, inside) in enumerate(zip(module.call_outputs, module.call_layers), start=1):
-            call = f"{address}:{k}"
-            for label in outputs:
-                if label in by_label:
-                    assert call in by_label[label].output_of_modules, (
-                        f"module call {call} lists output {label}, whose output_of_modules is "
-                        f"{by_label[label].output_of_modules!r}")
-            for label in inside:
-                if label in by_label:
-                    assert call in by_label[label].containing_modules, (
-                        f"module call {call} lists {label} inside it, whose containing_modules is "
-                        f"{by_label[label].containing_modules!r}")
+            for field, labels in (("output_of_modules", outputs), ("containing_modules", inside)):
+                said_by_modules[field].update((label, f"{address}:{k}") for label in labels
+                                              if label in by_label)
         for child in module.children:
             assert child in modules, f"module {address!r} lists unknown submodule {child!r}"
+    listing = {"output_of_modules": "call_outputs", "containing_modules": "call_layers"}
+    for field, by_passes in said_by_passes.items():
+        by_modules = said_by_modules[field]
+        for label, call in list((by_passes - by_modules) + (by_modules - by_passes))[:1]:
+            address, k = call.rpartition(":")[::2]
+            raise AssertionError(
+                f"{label}.{field} lists {call!r} {by_passes[(label, call)]} time(s), but "
+                f"modules[{address!r}].{listing[field]}[{int(k) - 1}] lists {label} "
+                f"{by_modules[(label, call)]} time(s)")
 
 
 def _split_call(call: str, record: PassRecord, field: str) -> tuple[str, int]:
@@ -249,24 +260,25 @@ def _check_saved(passes: list[PassRecord]) -> None:
 
 
 def record_module_outputs(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
-                          seed: int = 0) -> tuple[dict[str, list[list[torch.Tensor]]], object]:
+                          seed: int = 0) -> tuple[dict[str, list[list[torch.Tensor | str]]], object]:
     """Run `model` plainly under `seed` with a forward hook on every submodule.
 
     Each hook flattens its module's output with `torchlog.nesting.find_tensors` (the order
     torchlog uses) and clones every tensor at once, so later in-place ops cannot change
-    what was seen. Parameters returned as outputs are kept as the parameter object itself.
+    what was seen. A parameter returned as an output is kept as its address (a str), since
+    torchlog logs no pass for it.
 
     Returns:
         (outputs, model output): address -> one list of tensors per call, in call order.
     """
     from torchlog.nesting import find_tensors
 
-    params = {id(p) for p in model.parameters()}
-    seen: dict[str, list[list[torch.Tensor]]] = {}
+    params = {id(p): a for a, p in model.named_parameters()}
+    seen: dict[str, list[list[torch.Tensor | str]]] = {}
 
     def hook_for(address: str):
         def hook(module, inputs, output):
-            tensors = [t if id(t) in params else t.detach().clone() for t, _ in find_tensors(output)]
+            tensors = [params.get(id(t)) or t.detach().clone() for t, _ in find_tensors(output)]
             seen.setdefault(address, []).append(tensors)
         return hook
 
@@ -292,24 +304,27 @@ def _seed_everything(seed: int) -> None:
 
 
 def check_module_outputs(history: ModelHistory, model: torch.nn.Module,
-                         seen: dict[str, list[list[torch.Tensor]]]) -> None:
+                         seen: dict[str, list[list[torch.Tensor | str]]]) -> None:
     """Compare every module call's logged outputs with what forward hooks saw on a plain run.
 
     `seen` comes from `record_module_outputs` on an identical copy of `model` run with the
     history's seed. Outputs that are parameters of the model are not logged passes (torchlog
-    cannot own them), so they are dropped from the hook side, and only them.
+    cannot own them), so they are dropped from the hook side, and only them; each must
+    still be a parameter the logged model has.
 
     Raises:
         AssertionError: a module was called a different number of times, returned a
             different number of logged tensors, or a logged value differs (torch.equal).
     """
-    params = {id(p) for p in model.parameters()}
+    params = dict(model.named_parameters())
     for address, module in history.modules.items():
         calls = seen.get(address, [])
         assert module.num_passes == len(calls), (
             f"module {address!r}: torchlog counts {module.num_passes} calls, hooks saw {len(calls)}")
         for k, (labels, tensors) in enumerate(zip(module.call_outputs, calls), start=1):
-            expected = [t for t in tensors if id(t) not in params]
+            expected = [t for t in tensors if not isinstance(t, str)]
+            returned = [t for t in tensors if isinstance(t, str)]
+            assert all(name in params for name in returned), f"{address}:{k} returned unknown {returned}"
             assert len(labels) == len(expected), (
                 f"module call {address}:{k} returned {len(expected)} tensors (hooks), torchlog "
                 f"lists {len(labels)} outputs: {labels!r}")
@@ -327,3 +342,37 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> str:
     if a.shape != b.shape:
         return "n/a, shapes differ"
     return f"{(a.double() - b.double()).abs().max().item():.3g}" if a.numel() else "0"
+
+
+def check_against_plain_run(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
+                            seed: int = 0) -> tuple[ModelHistory, torch.nn.Module, Any]:
+    """Log a copy of `model` and compare it with a plain hooked run of another copy.
+
+    Both copies start identical and run under `seed`. Checks `check_history`, every
+    module call's outputs (`check_module_outputs`) and that the model outputs the
+    history reports equal the plain run's outputs exactly.
+
+    Returns:
+        (history, the logged copy of the model, the plain run's output).
+
+    Raises:
+        AssertionError: any of the checks fails.
+    """
+    import torchlog
+    from torchlog.nesting import find_tensors
+
+    plain, logged = copy.deepcopy(model), copy.deepcopy(model)
+    seen, output = record_module_outputs(plain, args, kwargs, seed)
+    history = torchlog.log_forward_pass(logged, list(args), input_kwargs=kwargs, random_seed=seed)
+    check_history(history, complete=True)
+    check_module_outputs(history, logged, seen)
+    expected = [t for t, _ in find_tensors(output)]
+    labels = history.output_layers
+    assert len(labels) == len(expected), (
+        f"the model returned {len(expected)} tensors, the history has outputs {labels!r}")
+    for position, (label, want) in enumerate(zip(labels, expected)):
+        got = history[label].tensor_contents
+        assert got.shape == want.shape and torch.equal(got, want.detach()), (
+            f"model output #{position} ({label}) differs from a plain forward with seed {seed} "
+            f"(max abs diff {_max_diff(got, want.detach())})")
+    return history, logged, output

@@ -281,3 +281,83 @@ TINY_MODELS = {
     "multi_output": (MultiOutput, lambda: torch.randn(5, 4)),
     "no_grad_inside": (NoGradInside, lambda: torch.randn(3, 4)),
 }
+
+
+class ModuleOutputs(nn.Module):
+    """Submodules whose outputs are hard to attribute: out of computation order, a parameter,
+    one tensor twice, a dict, an input mutated in place, and an output mutated after return."""
+
+    class Reversed(nn.Module):
+        def forward(self, x):
+            first = x + 1
+            second = x * 2
+            return second, first
+
+    class WithParameter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 3))
+
+        def forward(self, x):
+            return x * self.weight, self.weight
+
+    class Twice(nn.Module):
+        def forward(self, x):
+            y = x.exp()
+            return y, y
+
+    class AsDict(nn.Module):
+        def forward(self, x):
+            a = x.cos()
+            return {"b": x.sin(), "a": a}
+
+    class MutatesInput(nn.Module):
+        def forward(self, x):
+            x.mul_(2)
+            return x
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reversed = self.Reversed()
+        self.param = self.WithParameter()
+        self.twice = self.Twice()
+        self.as_dict = self.AsDict()
+        self.mutates = self.MutatesInput()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        second, first = self.reversed(x)
+        scaled, weight = self.param(first)
+        e1, e2 = self.twice(second)
+        parts = self.as_dict(scaled)
+        h = self.lin(x)
+        h.relu_()  # changes lin's output after lin returned it
+        m = self.mutates(h.clone())
+        return m + e1 - e2 + parts["a"] * parts["b"] + weight
+
+
+class MetadataCalls(nn.Module):
+    """Reads shape, size, dim, numel, dtype, device and len: none of them is an op."""
+
+    def forward(self, x):
+        n, d = x.shape
+        assert x.dim() == 2 and x.size(0) == n and x.size()[1] == d and len(x) == n
+        assert x.numel() == n * d and x.dtype == torch.float32 and x.device.type == "cpu"
+        return x.reshape(n * d) * x.ndim
+
+
+class MutatedThroughView(nn.Module):
+    """A submodule returns a tensor it changed only through a view of it."""
+
+    class Scatter(nn.Module):
+        def forward(self, x):
+            y = x.clone()
+            y.view(-1)[2:5].mul_(10)
+            return y
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scatter = self.Scatter()
+
+    def forward(self, x):
+        return self.scatter(x) + 1

@@ -124,11 +124,9 @@ def _layer_record(members: list[int], passes: list[PassRecord],
 
 def _module_records(model: nn.Module, recorder: Recorder, labels: list) -> dict[str, ModuleRecord]:
     calls = recorder.module_calls
-    outputs: dict[tuple[str, int], list[str]] = defaultdict(list)
+    outputs = {call: [labels[i][0] for i in nodes] for call, nodes in recorder.call_outputs.items()}
     inside: dict[tuple[str, int], list[str]] = defaultdict(list)
     for node in recorder.nodes:
-        for call in node.output_of:
-            outputs[call].append(labels[node.index][0])
         for call in node.module_path:
             inside[call].append(labels[node.index][0])
     records: dict[str, ModuleRecord] = {}
@@ -141,7 +139,7 @@ def _module_records(model: nn.Module, recorder: Recorder, labels: list) -> dict[
             type_name=type(module).__name__,
             num_params=sum(p.numel() for p in module.parameters()),
             children=tuple(f"{address}.{name}" for name, _ in module.named_children()),
-            call_outputs=tuple(tuple(outputs[(address, k)]) for k in range(1, n + 1)),
+            call_outputs=tuple(tuple(outputs.get((address, k), ())) for k in range(1, n + 1)),
             call_layers=tuple(tuple(inside[(address, k)]) for k in range(1, n + 1)),
         )
     return records

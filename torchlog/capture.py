@@ -27,7 +27,16 @@ from torchlog.records import ParamInfo, TensorMeta
 _Tensor = torch.Tensor
 _SETITEM = _Tensor.__setitem__
 # Tensor-returning calls that change bookkeeping, not values: never nodes.
-_NOT_OPS = frozenset({"requires_grad_", "retain_grad", "register_hook", "grad", "_fix_weakref"})
+# Calls that never produce a node: metadata reads (answered without scanning arguments)
+# and tensor-returning calls that change bookkeeping, not values.
+_NOT_OPS = frozenset({
+    "requires_grad_", "retain_grad", "register_hook", "grad", "_fix_weakref",
+    "shape", "dtype", "device", "dim", "ndim", "size", "numel", "nelement", "stride", "storage_offset",
+    "is_contiguous", "data_ptr", "element_size", "is_floating_point", "is_complex", "get_device",
+    "requires_grad", "grad_fn", "is_leaf", "layout", "names", "is_cuda", "is_sparse", "is_quantized",
+    "is_meta", "is_inference", "__len__", "__repr__", "__format__", "__hash__", "untyped_storage",
+    "_version", "_base", "is_nested", "output_nr", "__dlpack_device__",
+})
 _INPLACE_DUNDERS = frozenset(
     f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
                             "and", "or", "xor", "lshift", "rshift")
@@ -152,6 +161,8 @@ class Recorder:
         self.module_stack: tuple[tuple[str, int], ...] = ()
         self.module_sites: tuple = ()  # where each module on the stack was called from
         self.module_calls: dict[str, int] = {}
+        self.call_outputs: dict[tuple[str, int], list[int]] = {}  # module call -> returned nodes
+        self.last_write: dict[int, int] = {}  # storage address -> last in-place op that wrote it
         self.module_addresses = {id(m): a for a, m in model.named_modules() if a}
         self.param_info = {
             id(p): ParamInfo(a, tuple(p.shape), p.numel(), p.numel() * p.element_size())
@@ -160,7 +171,7 @@ class Recorder:
         self.buffer_addresses = {id(b): a for a, b in model.named_buffers()}
         self.failure: Failure | None = None
         self.error_stack: tuple | None = None
-        self._names: dict[Any, str] = {}
+        self._funcs: dict[Any, tuple[str, bool]] = {}  # function -> (name, is not an op)
         self._call_count = 0
         self._forget = self._make_forget()
         self._rng_before: torch.Tensor | None = None  # CPU RNG state before the current op
@@ -237,16 +248,23 @@ class Recorder:
 
     # ----- per op (hot path) ---------------------------------------------------------
     def on_op(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        name = self._names.get(func)
-        if name is None:
-            name = self._names[func] = _name_of(func)
+        entry = self._funcs.get(func)
+        if entry is None:
+            name = _name_of(func)
+            entry = self._funcs[func] = (name, name in _NOT_OPS)
+        name, not_op = entry
+        if not_op:
+            return func(*args, **kwargs)
+        # Parents are found before the call: an in-place op (or batch norm updating its
+        # running stats) changes its inputs, and the parents are what it read.
+        parents, params = self._find_parents(args, kwargs)
         if self.options.save_function_args:
             self._rng_before = self._rng_state()
         t0 = perf_counter_ns()
         try:
             out = func(*args, **kwargs)
         except BaseException:
-            self._note_failure(name, args, kwargs)
+            self._note_failure(name, parents)
             raise
         elapsed = perf_counter_ns() - t0
         if type(out) is _Tensor or isinstance(out, _Tensor):
@@ -259,9 +277,7 @@ class Recorder:
             outs = find_tensors(out)
             if not outs:
                 return out
-        if name in _NOT_OPS:
-            return out
-        self._record(func, name, args, kwargs, outs, elapsed)
+        self._record(func, name, args, kwargs, outs, elapsed, parents, params)
         return out
 
     def _find_parents(self, args: tuple, kwargs: dict) -> tuple[list, list]:
@@ -277,7 +293,7 @@ class Recorder:
         if isinstance(value, _Tensor):
             ref = self.producer.get(id(value))
             if ref is not None:
-                parents.append((ref.node, path))
+                parents.append((self._current_node(value, ref), path))
                 return
             info = self.param_info.get(id(value))
             if info is not None:
@@ -296,8 +312,7 @@ class Recorder:
                            parents, params)
 
     def _record(self, func: Callable, name: str, args: tuple, kwargs: dict, outs: Any,
-                elapsed: int) -> None:
-        parents, params = self._find_parents(args, kwargs)
+                elapsed: int, parents: list, params: list) -> None:
         params_t = tuple(params)
         self._call_count += 1
         call_id = self._call_count
@@ -322,6 +337,8 @@ class Recorder:
             if self.options.save_function_args:
                 node.func_args = (func, args, kwargs)
                 node.rng_state = self._rng_before
+            if changed:
+                self.last_write[t.untyped_storage().data_ptr()] = node.index
 
     def _rng_state(self) -> torch.Tensor:
         """The CPU RNG state now, for replaying random ops; one object while it is unchanged."""
@@ -329,6 +346,37 @@ class Recorder:
         last = self._rng_before
         # Most ops draw no random numbers: share the ~5 KB state instead of storing copies.
         return last if last is not None and torch.equal(last, state) else state
+
+    def _current_node(self, t: torch.Tensor, ref: _TensorRef) -> int:
+        """The node holding `t`'s value now (refreshed if it was written through a view)."""
+        if ref.version == _version(t):
+            return ref.node
+        return self._refresh(t, ref)
+
+    def _refresh(self, t: torch.Tensor, ref: _TensorRef) -> int:
+        """A node for the current value of `t`, which changed since its producer ran.
+
+        `row = y[:, 0]; row.add_(5)` also changes `y` and every other view of it. The
+        last op that wrote into the storage gets one more output holding `t` as it is
+        now, with the stale node and the write as parents (extra['view_written_by']
+        names the write), so readers depend on the write and see the value they read.
+        Writes we could not see (inside one torch call) give a fresh source node.
+        """
+        writer = self.last_write.get(t.untyped_storage().data_ptr())
+        if writer is None or writer < ref.node:
+            kind = "buffer" if id(t) in self.buffer_addresses else "source"
+            return self.add_source(t, kind, self.buffer_addresses.get(id(t))).index
+        op = self.nodes[writer]
+        siblings = sum(1 for n in self.nodes[writer:] if n.call_id == op.call_id)
+        # Its value is the old value of `t` (the stale node) as changed by the write.
+        node = self._new_node(t, "op", op.func_name, [(ref.node, 0), (writer, 1)], (),
+                              op.output_index + siblings, op.call_id)
+        node.is_inplace = True
+        node.site = op.site
+        node.func_args, node.rng_state = op.func_args, op.rng_state
+        node.extra = {"view_written_by": writer}
+        self._maybe_save(node, t)
+        return node.index
 
     def record_external(self, name: str, inputs: list[tuple[torch.Tensor, Any]],
                         outputs: list[torch.Tensor], elapsed_ns: int = 0,
@@ -354,13 +402,10 @@ class Recorder:
                 nodes.append(node)
             return nodes
 
-    def _note_failure(self, name: str, args: tuple, kwargs: dict) -> None:
-        if self.failure is not None:
-            return
-        found = find_tensors((args, kwargs))
-        nodes = tuple(dict.fromkeys(
-            self.producer[id(t)].node for t, _ in found if id(t) in self.producer))
-        self.failure = Failure(name, self.module_stack, nodes)
+    def _note_failure(self, name: str, parents: list) -> None:
+        if self.failure is None:
+            nodes = tuple(dict.fromkeys(index for index, _ in parents))
+            self.failure = Failure(name, self.module_stack, nodes)
 
     # ----- module boundaries ------------------------------------------------------------
     def pre_hook(self, module: nn.Module, args: Any) -> None:
@@ -395,19 +440,22 @@ class Recorder:
         call = stack[depth]
         self.module_stack = stack[:depth]
         self.module_sites = self.module_sites[:depth]
+        returned: list[int] = []  # in the order of the returned structure
         for t, _ in find_tensors(output):
             ref = self.producer.get(id(t))
             if ref is None and id(t) in self.param_info:
                 continue
-            index = ref.node if ref is not None else self._source_for(t)
+            index = self._current_node(t, ref) if ref is not None else self._source_for(t)
             self.nodes[index].output_of.append(call)
+            returned.append(index)
+        self.call_outputs[call] = returned
 
     # ----- start and end ------------------------------------------------------------------
     def add_outputs(self, output: Any) -> None:
         """Add one output node per tensor the model returned."""
         for t, path in find_tensors(output):
             ref = self.producer.get(id(t))
-            parent = ref.node if ref is not None else self._source_for(t)
+            parent = self._current_node(t, ref) if ref is not None else self._source_for(t)
             node = self._new_node(t, "output", "output", [(parent, path)], ())
             if self.options.save_all or node.index in self.options.save_indices:
                 prior = self.nodes[parent].saved
