@@ -1,4 +1,6 @@
 """torchlog: record every tensor operation of a PyTorch forward pass."""
+from typing import Any
+
 from torchlog.api import log_forward_pass
 from torchlog.errors import (
     InvalidArgumentTypeError,
@@ -12,15 +14,47 @@ from torchlog.errors import (
     NestedLoggingError,
     NondeterministicModelError,
     TorchlogError,
+    TorchlogWarning,
+    CompiledModelWarning,
 )
 from torchlog.history import ModelHistory
 from torchlog.records import LayerRecord, ModuleRecord, ParamInfo, PassRecord, TensorMeta
+from torchlog.validation import validate_saved_activations
 
 __version__ = "0.1.0"
 
+
+def load(path: str) -> ModelHistory:
+    """Open a log file written with `save_to=` or `history.save()`; see torchlog.storage.load.
+
+    Raises:
+        MissingDependencyError: h5py is not installed (`pip install torchlog[storage]`).
+        LogFileNotFoundError, LogFileError: see torchlog.storage.load.
+    """
+    return _storage().load(path)
+
+
+def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | None = None,
+            **options: Any) -> Any:
+    """Run `layers` over a dataset into one array per layer in the file `to`; see torchlog.storage.extract.
+
+    Raises:
+        MissingDependencyError: h5py or tqdm is not installed (`pip install torchlog[storage]`).
+    """
+    return _storage().extract(model, inputs, layers, to, batch_size, **options)
+
+
+def _storage() -> Any:
+    try:
+        import torchlog.storage as storage  # lazily: h5py is an optional extra
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"torchlog.storage needs h5py and tqdm ({exc}); `pip install torchlog[storage]`") from exc
+    return storage
+
 __all__ = [
-    "log_forward_pass", "ModelHistory", "PassRecord", "LayerRecord", "ModuleRecord", "ParamInfo",
+    "log_forward_pass", "load", "extract", "validate_saved_activations", "ModelHistory", "PassRecord", "LayerRecord", "ModuleRecord", "ParamInfo",
     "TensorMeta", "TorchlogError", "LayerNotFoundError", "InvalidOptionError",
     "InvalidArgumentTypeError", "ModelInputError", "NondeterministicModelError", "NestedLoggingError",
-    "LogFileError", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
+    "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
 ]

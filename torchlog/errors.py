@@ -49,8 +49,24 @@ class LogFileExistsError(TorchlogError, FileExistsError):
     """A log file already exists and overwrite was not asked for."""
 
 
+class LogFilePermissionError(TorchlogError, PermissionError):
+    """A log file or its folder cannot be written (or read) by this process."""
+
+
 class MissingDependencyError(TorchlogError, ImportError):
     """An optional dependency (graphviz, h5py, pandas, dot) is not installed."""
+
+
+class TorchlogWarning(UserWarning):
+    """Base class of every warning torchlog issues."""
+
+
+class CompiledModelWarning(TorchlogWarning):
+    """A `torch.compile`d model was logged eagerly through its original module."""
+
+
+class IncompleteLogWarning(TorchlogWarning):
+    """A log file was opened that its writer did not finish (crash, or the model raised)."""
 
 
 def closest_matches(key: str, candidates: Iterable[str], limit: int = 5) -> list[str]:

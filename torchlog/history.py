@@ -119,6 +119,9 @@ class ModelHistory(Mapping):
 
     def _not_found_message(self, key: str) -> str:
         base, pass_num = _safe_split(key)
+        tail = key.rpartition(":")[2]
+        if ":" in key and tail.isdigit() and base == key:  # ':0' is not a pass number
+            base, pass_num = key.rpartition(":")[0], int(tail)
         if pass_num is not None and base in self._keys:
             target = self._keys[base]
             n = target.num_passes if isinstance(target, (LayerRecord, PassRecord)) else 1
@@ -264,6 +267,14 @@ class ModelHistory(Mapping):
         Raises:
             InvalidOptionError: the history was logged without save_gradients=True.
             InvalidArgumentTypeError: `loss` is not a tensor that requires grad.
+
+        Example:
+            >>> import torch, torchlog
+            >>> h = torchlog.log_forward_pass(torch.nn.Linear(3, 2), torch.ones(1, 3),
+            ...                               save_gradients=True)
+            >>> h.log_backward(h['linear_1_1'].tensor_contents.sum())
+            >>> h.layers_with_grads, h['linear_1_1'].grad_contents
+            (['linear_1_1', 'output_1_2'], tensor([[1., 1.]]))
         """
         from torchlog.gradients import log_backward  # history sits below gradients' users
 
