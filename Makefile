@@ -19,7 +19,7 @@ demo: setup
 	$(PY) -m torchlog demo
 
 test: setup
-	$(PY) -m pytest tests torchlog
+	$(PY) -m pytest tests torchlog vis storage
 
 bench: setup
 	$(PY) bench/run.py

@@ -18,6 +18,7 @@ from torch import nn
 from torchlog.assemble import assemble
 from torchlog.capture import CaptureOptions, Recorder, run_captured
 from torchlog.errors import (
+    TorchlogWarning,
     CompiledModelWarning,
     InvalidArgumentTypeError,
     InvalidOptionError,
@@ -481,6 +482,11 @@ def _check_render_options(options: dict[str, Any]) -> dict[str, Any] | None:
             "options start with 'vis_' (vis_opt, vis_nesting_depth, vis_outpath, vis_fileformat)")
     vis_opt = options.get("vis_opt", "none")
     if vis_opt == "none":
+        if len(options) > ("vis_opt" in options):
+            warnings.warn(
+                f"rendering options {sorted(k for k in options if k != 'vis_opt')!r} are ignored "
+                "because vis_opt is 'none'; pass vis_opt='unrolled' or 'rolled' to render",
+                TorchlogWarning, stacklevel=3)
         return None
     from torchlog.vis import options_from_keywords  # lazily: graphviz is optional
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from torchlog.errors import InvalidArgumentTypeError, LayerNotFoundError, closest_matches
@@ -51,6 +52,7 @@ class ModelHistory(Mapping):
         visible = {p.label for p in self._passes}
         self._layers = [l for l in layers if any(p.label in visible for p in l.passes)]
         self._modules = modules
+        self._modules_view = MappingProxyType(modules)
         self.info = info
         self._keys = self._build_keys()
         for pos, record in enumerate(self._passes):
@@ -177,9 +179,9 @@ class ModelHistory(Mapping):
         raise LayerNotFoundError(f"no layer record for {label!r}")
 
     @property
-    def modules(self) -> dict[str, ModuleRecord]:
-        """Submodules by address, each with its calls and outputs."""
-        return dict(self._modules)
+    def modules(self) -> Mapping[str, ModuleRecord]:
+        """Submodules by address (read-only), each with its calls and outputs."""
+        return self._modules_view
 
     @property
     def model_name(self) -> str:

@@ -77,7 +77,7 @@ class PassRecord:
     is_source: bool = False  # a tensor with no recorded producer (from_numpy, attributes)
     is_inplace: bool = False  # the op wrote into an existing tensor
     is_created: bool = False  # made inside forward with no tensor inputs (zeros, arange)
-    buffer_address: str | None = None  # for buffers: 'bn.running_mean'
+    buffer_address: str | None = None  # buffers: 'bn.running_mean'; inputs: where passed, 'args[0]'
     func_args: Any = None  # (args, kwargs) with tensors replaced, when save_function_args
     rng_state: torch.Tensor | None = None  # CPU RNG state before the op, when save_function_args
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. Triton grid and constexprs
