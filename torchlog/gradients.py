@@ -1,0 +1,126 @@
+"""Gradients of a loss with respect to every logged tensor, caught by hooks during backward.
+
+The history is built after the forward pass, but gradients only exist once the user calls
+`backward()` later. So capture registers one tensor hook per node that requires grad, and
+each hook writes into a `GradientStore`; once the history exists, the store is attached to
+its pass records (looked up by `op_index`, which is the node index), and from then on every
+hook writes straight into `PassRecord.grad_contents`. A hook that fires before the store is
+attached (backward called inside forward) is kept and applied on attach.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
+from torchlog.records import PassRecord
+
+# RunInfo.extra key marking a history whose tensors carry gradient hooks.
+HOOKED_KEY = "save_gradients"
+
+
+class GradientStore:
+    """Receives the gradient of each hooked node and files it in that node's PassRecord.
+
+    One store serves one forward pass. Hooks keep a reference to the store, so the
+    autograd graph keeps it (and the records it fills) alive until the graph is freed.
+    """
+
+    def __init__(self, output_device: torch.device | None = None) -> None:
+        self.output_device = output_device
+        self.num_hooked = 0  # nodes whose tensor required grad and got a hook
+        self._records: dict[int, PassRecord] | None = None
+        self._early: dict[int, torch.Tensor] = {}  # gradients that arrived before attach
+
+    def on_node(self, node: Any, tensor: torch.Tensor) -> None:
+        """Capture callback (`CaptureOptions.on_node`): hook `tensor` if it can have a gradient.
+
+        A hook registered before an in-place op sees the gradient with respect to the
+        value before that op, so every pass of a mutated tensor gets its own gradient.
+        """
+        if not tensor.requires_grad:
+            return
+        index = node.index
+        tensor.register_hook(lambda grad: self._receive(index, grad))
+        self.num_hooked += 1
+
+    def _receive(self, index: int, grad: torch.Tensor) -> None:
+        # Autograd may reuse the buffer it passed to the hook; keep a private copy.
+        kept = grad.detach()
+        if self.output_device is not None and kept.device != self.output_device:
+            kept = kept.to(self.output_device)
+        else:
+            kept = kept.clone()
+        if self._records is None:
+            self._early[index] = kept
+            return
+        record = self._records.get(index)
+        if record is not None:  # pruned passes (layers_to_save) keep no gradient
+            record.grad_contents = kept
+
+    def attach(self, records: Iterable[PassRecord]) -> None:
+        """Route gradients to `records` (matched by op_index), including any that came early."""
+        self._records = {record.op_index: record for record in records}
+        for index, grad in self._early.items():
+            record = self._records.get(index)
+            if record is not None:
+                record.grad_contents = grad
+        self._early.clear()
+
+
+def warn_if_no_gradients(num_hooked: int, grad_was_enabled: bool) -> None:
+    """Warn when no logged tensor required grad (`num_hooked` is 0), saying why.
+
+    `stacklevel` points at the caller of log_forward_pass.
+    """
+    if num_hooked:
+        return
+    if not grad_was_enabled:
+        why = ("gradient tracking was off (torch.no_grad() or torch.inference_mode() was "
+               "active); call log_forward_pass outside it")
+    else:
+        why = ("no parameter or input of the model requires grad; set requires_grad=True "
+               "on the input or leave some parameters trainable")
+    warnings.warn(f"save_gradients=True, but no logged tensor is part of an autograd graph: "
+                  f"{why}. No layer will get grad_contents.", UserWarning, stacklevel=3)
+
+
+def check_gradient_options(save_gradients: bool, detach_saved_tensors: bool) -> None:
+    """Reject option combinations under which backward can never reach the hooks.
+
+    Raises:
+        InvalidOptionError: save_gradients with detach_saved_tensors, since the saved
+            output would be cut from the graph and nothing could call backward.
+    """
+    if save_gradients and detach_saved_tensors:
+        raise InvalidOptionError(
+            "save_gradients=True needs the saved tensors attached to the autograd graph, "
+            "but detach_saved_tensors=True was given; use detach_saved_tensors=False so "
+            "that `history[output].tensor_contents` can be used to call backward")
+
+
+def log_backward(history: Any, loss: torch.Tensor) -> None:
+    """Run `loss.backward()`, filling `grad_contents` of every pass the gradient reaches.
+
+    A later backward overwrites the gradients of an earlier one.
+
+    Raises:
+        InvalidOptionError: the history was not logged with save_gradients=True.
+        InvalidArgumentTypeError: `loss` is not a tensor, or is not part of an autograd graph.
+    """
+    if not history.info.extra.get(HOOKED_KEY, False):
+        raise InvalidOptionError(
+            "this history was logged without gradient hooks; log it with "
+            "log_forward_pass(..., save_gradients=True) before calling log_backward")
+    if not isinstance(loss, torch.Tensor):
+        raise InvalidArgumentTypeError(
+            f"loss must be a tensor computed from the saved outputs, got {loss!r}")
+    if not loss.requires_grad:
+        raise InvalidArgumentTypeError(
+            f"loss {loss!r} does not require grad, so backward cannot reach the model; "
+            "compute it from `history[label].tensor_contents` of a pass saved attached "
+            "(detach_saved_tensors=False)")
+    loss.backward()
