@@ -295,7 +295,9 @@ def _model_kept(model: nn.Module) -> Iterator[None]:
                     # Kernels such as batch_norm update running stats without bumping
                     # _version, so compare values; copy only what changed.
                     if not torch.equal(buffers[name], copy):
-                        buffers[name].copy_(copy)
+                        # Through .data: the version counter stays put, so autograd can
+                        # still backpropagate through the batch_norm that updated it.
+                        buffers[name].data.copy_(copy)
 
 
 def _all(history: ModelHistory) -> list:

@@ -163,12 +163,9 @@ def _check_module_grads(model: nn.Module, args: tuple, seed: int) -> None:
                                            msg=f"gradient at {address}:{call}")
 
 
-_BATCHNORM_RESTORE_BUG = pytest.mark.xfail(
-    strict=True, reason="api._model_kept restores BatchNorm running stats with copy_ after the "
-    "pass, bumping the version autograd saved, so backward through train-mode batch_norm fails")
 GRAD_MODELS = ["simple_recurrent", "branching", "buffers", "identity", "reused", "nested",
                "multi_output", "conditional",
-               pytest.param("train_eval", marks=_BATCHNORM_RESTORE_BUG)]
+               "train_eval"]
 
 
 @pytest.mark.parametrize("name", GRAD_MODELS)
