@@ -129,15 +129,21 @@ def _module_records(model: nn.Module, recorder: Recorder, labels: list) -> dict[
     for node in recorder.nodes:
         for call in node.module_path:
             inside[call].append(labels[node.index][0])
+    named = list(model.named_modules())
+    num_params: dict[str, int] = {}
+    for address, module in reversed(named):  # children come after their parent
+        own = sum(p.numel() for p in module._parameters.values() if p is not None)
+        num_params[address] = own + sum(num_params.get(f"{address}.{c}" if address else c, 0)
+                                        for c in module._modules)
     records: dict[str, ModuleRecord] = {}
-    for address, module in model.named_modules():
+    for address, module in named:
         if not address:
             continue
         n = calls.get(address, 0)
         records[address] = ModuleRecord(
             address=address,
             type_name=type(module).__name__,
-            num_params=sum(p.numel() for p in module.parameters()),
+            num_params=num_params[address],
             children=tuple(f"{address}.{name}" for name, _ in module.named_children()),
             call_outputs=tuple(tuple(outputs.get((address, k), ())) for k in range(1, n + 1)),
             call_layers=tuple(tuple(inside[(address, k)]) for k in range(1, n + 1)),

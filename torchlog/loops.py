@@ -48,6 +48,7 @@ class _Grouper:
         self.layer_of = [_UNCLAIMED] * len(nodes)
         self.layers: list[list[int]] = []
         self.tentative: list[int] = []
+        self.sig_counts: dict[tuple, int] = {}
         # For each child, where each of its parents was passed (first slot wins).
         self.child_slot: list[dict[int, object]] = []
         for node in nodes:
@@ -178,7 +179,21 @@ class _Grouper:
                     stack.append(parent)
         return False
 
+    def _could_repeat(self, run: list[int]) -> bool:
+        """Cheap test before the expansion: some iteration holds only unclaimed nodes whose
+        signature occurs at least twice (a one-off op, such as a Linear with its own
+        weights, can never be matched in another pass)."""
+        for a, b in zip(run, run[1:]):
+            body = self._between(a, b)
+            if body is not None and all(
+                    self.layer_of[i] == _UNCLAIMED and self.sig_counts[self.sigs[i]] >= 2
+                    for i in body):
+                return True
+        return False
+
     def _fold_chain(self, run: list[int]) -> None:
+        if not self._could_repeat(run):
+            return
         roles = self._expand(run)
         claimed = set(self.tentative)
         used_by: dict[int, int] = defaultdict(int)  # op parent -> how many claimed nodes read it
@@ -217,6 +232,7 @@ class _Grouper:
         for index, sig in enumerate(self.sigs):
             if sig is not None:
                 by_sig[sig].append(index)
+        self.sig_counts = {s: len(m) for s, m in by_sig.items()}
         with_params = [m for s, m in by_sig.items() if s[2]]
         without = [m for s, m in by_sig.items() if not s[2] and len(m) >= 2]
         for members in sorted(with_params, key=lambda m: m[0]):
