@@ -1,1 +1,15 @@
-"""Writing and reading logs as HDF5 files (installed as torchlog.storage)."""
+"""Writing and reading logs as HDF5 files (installed as torchlog.storage).
+
+`log_forward_pass(..., save_to=path)` streams activations into a log file as they are
+produced; `history.save(path)` writes a finished history; `load(path)` opens either as a
+ModelHistory whose tensors are read on access; `extract` appends chosen layers over a
+dataset into one array per layer. The file layout is described in docs/storage.md.
+"""
+from torchlog.storage.extract import ActivationFile, extract, open_activations
+from torchlog.storage.lazy import StoredTensor, StoredValue
+from torchlog.storage.reader import FileHistory, load
+from torchlog.storage.values import WriteOptions
+from torchlog.storage.writer import LogWriter, save_history
+
+__all__ = ["load", "save_history", "extract", "open_activations", "ActivationFile", "LogWriter",
+           "FileHistory", "StoredTensor", "StoredValue", "WriteOptions"]

@@ -16,6 +16,8 @@ from torchlog.errors import (
     TorchlogError,
     TorchlogWarning,
     CompiledModelWarning,
+    IncompleteLogWarning,
+    LogFilePermissionError,
 )
 from torchlog.history import ModelHistory
 from torchlog.records import LayerRecord, ModuleRecord, ParamInfo, PassRecord, TensorMeta
@@ -57,4 +59,5 @@ __all__ = [
     "TensorMeta", "TorchlogError", "LayerNotFoundError", "InvalidOptionError",
     "InvalidArgumentTypeError", "ModelInputError", "NondeterministicModelError", "NestedLoggingError",
     "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
+    "LogFilePermissionError", "IncompleteLogWarning",
 ]

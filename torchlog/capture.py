@@ -212,6 +212,10 @@ class Recorder:
     def _maybe_save(self, node: RawNode, t: torch.Tensor) -> None:
         opts = self.options
         if opts.save_all or node.index in opts.save_indices:
+            if opts.sink is not None and opts.postfunc is None and opts.output_device is None:
+                # The sink writes the values before returning: no copy needed.
+                node.saved = opts.sink(node.index, t.detach())
+                return
             saved = self.copy_for_saving(t)
             node.saved = saved if opts.sink is None else opts.sink(node.index, saved)
 

@@ -6,7 +6,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from torchlog.errors import InvalidArgumentTypeError, LayerNotFoundError, closest_matches
+from torchlog.errors import (
+    InvalidArgumentTypeError,
+    LayerNotFoundError,
+    MissingDependencyError,
+    closest_matches,
+)
 from torchlog.labels import parse_label, split_pass
 from torchlog.records import LayerRecord, ModuleRecord, PassRecord
 
@@ -310,8 +315,12 @@ class ModelHistory(Mapping):
 
     def save(self, path: str, **options: Any) -> str:
         """Write this history and its saved activations to an HDF5 file (see torchlog.storage)."""
-        from torchlog.storage import save_history  # lazily: h5py is an optional extra
-
+        try:
+            from torchlog.storage import save_history  # lazily: h5py is an optional extra
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"history.save() needs h5py ({exc}); install it with `pip install torchlog[storage]`"
+            ) from exc
         return save_history(self, path, **options)
 
     def summary(self) -> str:

@@ -1,0 +1,169 @@
+"""Rebuilding the history of a log whose writer died, from the nodes stored with each activation.
+
+While activations stream to disk, each activation's dataset gets a `nodes` attribute: the
+raw nodes (what capture knows about each op before the pass ends) created since the
+previous activation, as JSON. If the process dies, the metadata is never written; loading
+then replays those nodes through the same labelling and loop grouping as a finished pass,
+so the ops that ran get the labels they would have had had the model stopped there.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NamedTuple
+
+import h5py
+from torch import nn
+
+from torchlog.assemble import assemble
+from torchlog.capture import CaptureOptions, RawNode, Recorder
+from torchlog.history import ModelHistory, RunInfo
+from torchlog.records import LazyTensor, ParamInfo, TensorMeta
+from torchlog.storage.format import ACTIVATIONS, NODE_LOG, dtype_from_name, dtype_name
+from torchlog.storage.lazy import StoredTensor, StoredValue
+from torchlog.storage.metadata import decode, encode
+from torchlog.storage.values import set_text_attrs
+
+NODES_ATTR = "nodes"
+_MAX_ATTR_BYTES = 60_000  # HDF5 keeps attributes in the object header, which holds 64 KiB
+
+
+class NodeLog:
+    """Tags each streamed activation with the raw nodes created since the previous one."""
+
+    def __init__(self, file: h5py.File) -> None:
+        self._file = file
+        self._num_written = 0
+
+    def restart(self) -> None:
+        """Start again from node 0 (a new forward pass)."""
+        self._num_written = 0
+
+    def tag(self, obj: h5py.HLObject, recorder: Recorder, index: int) -> None:
+        """Store nodes up to and including `index` with `obj`, the activation of node `index`.
+
+        Nodes too many for an attribute go to the dataset NODE_LOG/<index> instead.
+        """
+        nodes = recorder.nodes[self._num_written:index + 1]
+        text = json.dumps([self._node_dict(n) for n in nodes], separators=(",", ":"))
+        if len(text) > _MAX_ATTR_BYTES:
+            spill = self._file.require_group(NODE_LOG)
+            spill.create_dataset(str(index), data=text, dtype=h5py.string_dtype())
+        else:
+            set_text_attrs(obj, {NODES_ATTR: text})
+        self._num_written = index + 1
+
+    def _node_dict(self, node: RawNode) -> dict[str, Any]:
+        saved = node.saved
+        return {
+            "index": node.index, "kind": node.kind, "func_name": node.func_name,
+            "parents": [[p, encode(arg)] for p, arg in node.parents],
+            "params": [[p.address, list(p.shape), p.num_params, p.num_bytes] for p in node.params],
+            "module_path": [list(m) for m in node.module_path],
+            "output_index": node.output_index, "call_id": node.call_id,
+            "meta": [list(node.meta.shape), dtype_name(node.meta.dtype), node.meta.num_bytes],
+            "grad_fn_name": node.grad_fn_name, "elapsed_ns": node.elapsed_ns,
+            "is_inplace": node.is_inplace, "address": node.address,
+            "site": _encode_site(node.site),
+            # A pass-through op shares its input's dataset.
+            "shares": saved.name if isinstance(saved, StoredValue) else None,
+        }
+
+
+def rebuild(file: h5py.File, path: str, failure: str,
+            cls: type[ModelHistory] = ModelHistory) -> ModelHistory:
+    """The partial history of the ops whose nodes reached the file.
+
+    Raises:
+        ValueError, KeyError, TypeError: the stored nodes are damaged (the caller names the file).
+    """
+    entries = _stored_nodes(file)
+    nodes = [_raw_node(d) for d in entries]
+    for node in nodes:
+        for parent, _ in node.parents:
+            siblings = nodes[parent].children
+            if not siblings or siblings[-1] != node.index:
+                siblings.append(node.index)
+    stored, log_id = file[ACTIVATIONS], str(file.attrs.get("log_id", ""))
+    for node, entry in zip(nodes, entries):
+        node.saved = _stored(stored, os.path.abspath(path), log_id, str(node.index), entry["shares"])
+    # A fresh recorder of an empty model, holding the logged nodes: assembled like any
+    # finished pass, without module records (the model's modules are not in the log).
+    empty = nn.Module()
+    recorder = Recorder(empty, CaptureOptions())
+    recorder.nodes = nodes
+    built = assemble(recorder, empty)
+    info = RunInfo(model_name=str(file.attrs.get("model_name", "unknown model")),
+                   random_seed=int(file.attrs.get("random_seed", 0)), elapsed_s=0.0,
+                   num_modules=0, is_partial=True, failure=failure)
+    return cls(built.passes, built.layers, built.modules, info)
+
+
+def _stored_nodes(file: h5py.File) -> list[dict[str, Any]]:
+    """Node entries in op order, up to the first activation the dying writer left untagged."""
+    group = file.get(ACTIVATIONS)
+    spilled = file.get(NODE_LOG)
+    entries: list[dict[str, Any]] = []
+    names = sorted((n for n in group if n.isdigit()), key=int) if group is not None else []
+    for name in names:
+        text = group[name].attrs.get(NODES_ATTR)
+        if text is None and spilled is not None and name in spilled:
+            text = spilled[name].asstr()[()]
+        if text is None:
+            break
+        batch = json.loads(text)
+        if not batch or batch[0]["index"] != len(entries):
+            break
+        entries.extend(batch)
+    return entries
+
+
+def _raw_node(d: dict[str, Any]) -> RawNode:
+    shape, dtype, num_bytes = d["meta"]
+    node = RawNode(
+        d["index"], d["kind"], d["func_name"], [(p, decode(arg)) for p, arg in d["parents"]],
+        tuple(ParamInfo(a, tuple(s), n, b) for a, s, n, b in d["params"]),
+        tuple((a, c) for a, c in d["module_path"]), d["output_index"], d["call_id"],
+        TensorMeta(tuple(shape), dtype_from_name(dtype), num_bytes))
+    node.grad_fn_name = d["grad_fn_name"]
+    node.elapsed_ns = d["elapsed_ns"]
+    node.is_inplace = d["is_inplace"]
+    node.address = d["address"]
+    node.site = _decode_site(d["site"])
+    return node
+
+
+class _Code(NamedTuple):
+    """Stands in for the code object of a call site: equal where the code was, and printable."""
+
+    co_filename: str
+    co_name: str
+    co_firstlineno: int
+
+
+def _encode_site(site: Any) -> Any:
+    """(code, offset, line) frames, and where each enclosing module was called, as JSON."""
+    def frame(f: Any) -> Any:
+        return None if f is None else [f[0].co_filename, f[0].co_name, f[0].co_firstlineno, f[1], f[2]]
+
+    return None if site is None else [frame(site[0]), [frame(f) for f in site[1]]]
+
+
+def _decode_site(data: Any) -> Any:
+    def frame(f: Any) -> Any:
+        return None if f is None else (_Code(f[0], f[1], f[2]), f[3], f[4])
+
+    return None if data is None else (frame(data[0]), tuple(frame(f) for f in data[1]))
+
+
+def _stored(group: h5py.Group, path: str, log_id: str, name: str, shares: str | None) -> LazyTensor | None:
+    """The lazy value of a node's dataset, if it was written before the writer stopped."""
+    if shares is not None:
+        name = shares.rpartition("/")[2]
+    obj = group.get(name)
+    if obj is None:
+        return None
+    full = f"{ACTIVATIONS}/{name}"
+    if isinstance(obj, h5py.Dataset) and "torch_dtype" in obj.attrs:
+        return StoredTensor(path, log_id, full, obj.shape, dtype_from_name(str(obj.attrs["torch_dtype"])))
+    return StoredValue(path, log_id, full)
