@@ -129,7 +129,7 @@ def _module_records(model: nn.Module, recorder: Recorder, labels: list) -> dict[
     for node in recorder.nodes:
         for call in node.module_path:
             inside[call].append(labels[node.index][0])
-    named = list(model.named_modules())
+    named = recorder.named_modules
     num_params: dict[str, int] = {}
     for address, module in reversed(named):  # children come after their parent
         own = sum(p.numel() for p in module._parameters.values() if p is not None)

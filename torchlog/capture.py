@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
 from torchlog.nesting import find_tensors
@@ -163,12 +164,19 @@ class Recorder:
         self.module_calls: dict[str, int] = {}
         self.call_outputs: dict[tuple[str, int], list[int]] = {}  # module call -> returned nodes
         self.last_write: dict[int, int] = {}  # storage address -> last in-place op that wrote it
-        self.module_addresses = {id(m): a for a, m in model.named_modules() if a}
-        self.param_info = {
-            id(p): ParamInfo(a, tuple(p.shape), p.numel(), p.numel() * p.element_size())
-            for a, p in model.named_parameters()
-        }
-        self.buffer_addresses = {id(b): a for a, b in model.named_buffers()}
+        self.named_modules = list(model.named_modules())  # one walk, reused after the pass
+        self.module_addresses = {id(m): a for a, m in self.named_modules if a}
+        self.param_info: dict[int, ParamInfo] = {}
+        self.buffer_addresses: dict[int, str] = {}
+        for address, module in self.named_modules:
+            prefix = f"{address}." if address else ""
+            for name, p in module._parameters.items():
+                if p is not None and id(p) not in self.param_info:  # shared: first name wins
+                    self.param_info[id(p)] = ParamInfo(prefix + name, tuple(p.shape), p.numel(),
+                                                       p.numel() * p.element_size())
+            for name, b in module._buffers.items():
+                if b is not None:
+                    self.buffer_addresses.setdefault(id(b), prefix + name)
         self.failure: Failure | None = None
         self.error_stack: tuple | None = None
         self._funcs: dict[Any, tuple[str, bool]] = {}  # function -> (name, is not an op)
@@ -413,26 +421,27 @@ class Recorder:
 
     # ----- module boundaries ------------------------------------------------------------
     def pre_hook(self, module: nn.Module, args: Any) -> None:
-        if threading.get_ident() != self.thread_id:
+        # A global hook: it sees every module call in the process, ours or not.
+        address = self.module_addresses.get(id(module))
+        if address is None or threading.get_ident() != self.thread_id:
             return
         with torch._C.DisableTorchFunction():  # our own bookkeeping must not be logged
-            self._enter(module)
+            self._enter(address)
 
-    def _enter(self, module: nn.Module) -> None:
-        address = self.module_addresses[id(module)]
+    def _enter(self, address: str) -> None:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
         self.module_sites = self.module_sites + (_call_site(),)
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
-        if threading.get_ident() != self.thread_id:
+        address = self.module_addresses.get(id(module))
+        if address is None or threading.get_ident() != self.thread_id:
             return
         with torch._C.DisableTorchFunction():
-            self._exit(module, output)
+            self._exit(address, output)
 
-    def _exit(self, module: nn.Module, output: Any) -> None:
-        address = self.module_addresses[id(module)]
+    def _exit(self, address: str, output: Any) -> None:
         stack = self.module_stack
         if sys.exc_info()[0] is not None and self.error_stack is None:
             self.error_stack = stack  # the deepest module the exception passed through
@@ -498,11 +507,10 @@ def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOp
     handles = []
     _active.recording = True
     try:
-        for module in model.modules():
-            if module is model:
-                continue
-            handles.append(module.register_forward_pre_hook(recorder.pre_hook))
-            handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
+        # Two global hooks cost the same for any model size; per-module hooks cost ~10 us
+        # per submodule to add and remove. The hooks ignore modules of other models/threads.
+        handles.append(register_module_forward_pre_hook(recorder.pre_hook))
+        handles.append(register_module_forward_hook(recorder.post_hook, always_call=True))
         with contextlib.ExitStack() as plugins:
             for plugin in options.plugins:
                 plugins.enter_context(plugin(recorder))

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from torchlog.capture import RawNode
 
 _UNCLAIMED = -1
+_PAIRS_TO_TRY = 8  # consecutive members of a chain examined for a repeating iteration
 _TENTATIVE = -2
 
 
@@ -182,8 +183,9 @@ class _Grouper:
     def _could_repeat(self, run: list[int]) -> bool:
         """Cheap test before the expansion: some iteration holds only unclaimed nodes whose
         signature occurs at least twice (a one-off op, such as a Linear with its own
-        weights, can never be matched in another pass)."""
-        for a, b in zip(run, run[1:]):
+        weights, can never be matched in another pass). Only the first iterations are
+        looked at, so a long run that is not a loop costs a bounded amount."""
+        for a, b in zip(run[:_PAIRS_TO_TRY], run[1:_PAIRS_TO_TRY + 1]):
             body = self._between(a, b)
             if body is not None and all(
                     self.layer_of[i] == _UNCLAIMED and self.sig_counts[self.sigs[i]] >= 2
