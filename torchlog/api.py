@@ -1,24 +1,19 @@
-"""The public entry point: `log_forward_pass` and the checks it makes before running."""
+"""The public entry point: `log_forward_pass`, from checked arguments to a ModelHistory."""
 from __future__ import annotations
 
-import inspect
 import reprlib
-import sys
 import warnings
-from collections.abc import Callable, Iterator
-import contextlib
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchlog.arguments import Request, check_render_options, validate
 from torchlog.assemble import assemble
-from torchlog.capture import CaptureOptions, Recorder, run_captured
+from torchlog.capture import Recorder, run_captured
 from torchlog.errors import (
-    TorchlogWarning,
     CompiledModelWarning,
     InvalidArgumentTypeError,
     InvalidOptionError,
@@ -26,27 +21,11 @@ from torchlog.errors import (
     ModelInputError,
     NondeterministicModelError,
 )
-from torchlog.gradients import HOOKED_KEY, GradientStore, check_gradient_options, warn_if_no_gradients
+from torchlog.gradients import HOOKED_KEY, GradientStore, warn_if_no_gradients
 from torchlog.history import ModelHistory, RunInfo
-from torchlog.seeding import new_seed, seeded
-from torchlog.selection import check_entries, resolve
-
-_ON_ERROR = ("raise", "return")
-
-
-@dataclass(slots=True)
-class _Request:
-    """Validated arguments of one log_forward_pass call."""
-
-    model: nn.Module
-    args: tuple
-    kwargs: dict
-    seed: int
-    options: CaptureOptions
-    entries: list | None  # None = save all; [] = save none
-    keep_unsaved: bool
-    on_error: str
-    save_gradients: bool = False
+from torchlog.model_state import compiled_text, eager_submodules, is_compiled, model_kept
+from torchlog.seeding import seeded
+from torchlog.selection import resolve
 
 
 def log_forward_pass(
@@ -116,14 +95,14 @@ def log_forward_pass(
         >>> history[2].layer_type
         'relu'
     """
-    compiled = _compiled_text(model)
+    compiled = compiled_text(model)
     if compiled is not None:
         warnings.warn(compiled, CompiledModelWarning, stacklevel=2)
-        model = model._orig_mod if _is_compiled(model) else model
-    request = _validate(model, input_args, input_kwargs, layers_to_save, keep_unsaved_layers,
-                        output_device, detach_saved_tensors, random_seed, activation_postfunc,
-                        save_function_args, on_error, save_gradients)
-    render = _check_render_options(render_options)
+        model = model._orig_mod if is_compiled(model) else model
+    request = validate(model, input_args, input_kwargs, layers_to_save, keep_unsaved_layers,
+                       output_device, detach_saved_tensors, random_seed, activation_postfunc,
+                       save_function_args, on_error, save_gradients)
+    render = check_render_options(render_options)
     writer = _open_log_file(save_to, overwrite, request)
     grad_was_enabled = torch.is_grad_enabled()
     history = _log(request) if writer is None else _log_to_file(request, writer)
@@ -134,7 +113,7 @@ def log_forward_pass(
     return history
 
 
-def _log(request: _Request) -> ModelHistory:
+def _log(request: Request) -> ModelHistory:
     started = perf_counter()
     if request.entries is None or request.entries == []:
         request.options.save_all = request.entries is None
@@ -150,7 +129,7 @@ def _log(request: _Request) -> ModelHistory:
     return history
 
 
-def _open_log_file(save_to: Any, overwrite: Any, request: _Request) -> Any:
+def _open_log_file(save_to: Any, overwrite: Any, request: Request) -> Any:
     """A torchlog.storage LogWriter wired into the capture options, or None without save_to."""
     if save_to is None:
         return None
@@ -168,7 +147,7 @@ def _open_log_file(save_to: Any, overwrite: Any, request: _Request) -> Any:
     return writer
 
 
-def _log_to_file(request: _Request, writer: Any) -> ModelHistory:
+def _log_to_file(request: Request, writer: Any) -> ModelHistory:
     """Run `_log` streaming into `writer`; the file is finished (or marked incomplete) either way."""
     try:
         history = _log(request)
@@ -190,12 +169,13 @@ def _reached(partial: ModelHistory, entries: list) -> set[int]:
     return chosen
 
 
-def _run(request: _Request, started: float, prune: bool,
+def _run(request: Request, started: float, prune: bool,
          expected: ModelHistory | None = None, on_error: str | None = None) -> ModelHistory:
     store = _hook_gradients(request)
-    with seeded(request.seed), _model_kept(request.model), _eager_submodules(request.model):
+    with seeded(request.seed), model_kept(request.named_modules), eager_submodules(request.named_modules):
         try:
-            recorder, _ = run_captured(request.model, request.args, request.kwargs, request.options)
+            recorder, _ = run_captured(request.model, request.args, request.kwargs, request.options,
+                                       request.named_modules)
         except Exception as exc:
             recorder = getattr(exc, "torchlog_recorder", None)
             if recorder is None:
@@ -223,7 +203,7 @@ def _run(request: _Request, started: float, prune: bool,
     return history
 
 
-def _input_error(request: _Request, recorder: Recorder, exc: Exception) -> ModelInputError | None:
+def _input_error(request: Request, recorder: Recorder, exc: Exception) -> ModelInputError | None:
     """A ModelInputError when forward's first op rejected a non-tensor input, else None."""
     if not isinstance(exc, TypeError) or any(node.kind == "op" for node in recorder.nodes):
         return None
@@ -237,74 +217,11 @@ def _input_error(request: _Request, recorder: Recorder, exc: Exception) -> Model
         f"{type(exc).__name__}: {exc}. Pass tensors, or the lists/dicts of tensors forward expects")
 
 
-def _compiled_text(model: Any) -> str | None:
-    """The CompiledModelWarning text when `model` or a submodule came from torch.compile."""
-    if _is_compiled(model):
-        return (f"{type(model._orig_mod).__name__} was compiled with torch.compile; torchlog logs "
-                "its original module (model._orig_mod) eagerly, so the history shows eager ops, "
-                "not the compiled kernels")
-    inner = [a for a, m in model.named_modules() if _is_compiled(m)] if isinstance(model, nn.Module) else []
-    if not inner:
-        return None
-    return (f"submodules {inner!r} were compiled with torch.compile; torchlog runs them eagerly "
-            "while logging, so the history shows eager ops, not the compiled kernels")
-
-
-def _eager_submodules(model: nn.Module) -> contextlib.AbstractContextManager:
-    """Run torch.compile'd submodules eagerly: dynamo would otherwise trace torchlog's own hooks.
-
-    The stance is global to the process, so it is only set for models that need it.
-    """
-    if not any(_is_compiled(m) for m in model.modules()):
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("force_eager")
-
-
-def _is_compiled(model: Any) -> bool:
-    """True for the wrapper torch.compile returns (its module is imported once one exists)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    wrapper = getattr(eval_frame, "OptimizedModule", None)
-    return wrapper is not None and isinstance(model, wrapper) and isinstance(
-        getattr(model, "_orig_mod", None), nn.Module)
-
-
-@contextmanager
-def _model_kept(model: nn.Module) -> Iterator[None]:
-    """Undo what forward did to the model's buffers and train/eval flags (BatchNorm stats).
-
-    Each pass then starts from the same state (layers_to_save runs the model twice) and
-    the model is left as it was. Parameters changed in place are not undone.
-    """
-    with torch._C.DisableTorchFunction():  # never logged by an outer log_forward_pass
-        kept = [(module, module.training, dict(module._buffers),
-                 {name: b.detach().clone() for name, b in module._buffers.items() if b is not None})
-                for module in model.modules()]
-    try:
-        yield
-    finally:
-        with torch._C.DisableTorchFunction(), torch.no_grad():
-            for module, training, buffers, values in kept:
-                module.training = training
-                current = module._buffers
-                # Touch the dict only when forward reassigned a buffer: another thread may
-                # be reading it (two threads logging one model).
-                if current.keys() != buffers.keys() or any(current[k] is not v for k, v in buffers.items()):
-                    current.clear()
-                    current.update(buffers)
-                for name, copy in values.items():
-                    # Kernels such as batch_norm update running stats without bumping
-                    # _version, so compare values; copy only what changed.
-                    if not torch.equal(buffers[name], copy):
-                        # Through .data: the version counter stays put, so autograd can
-                        # still backpropagate through the batch_norm that updated it.
-                        buffers[name].data.copy_(copy)
-
-
 def _all(history: ModelHistory) -> list:
     return history.info.extra.get("all_passes", history.passes)
 
 
-def _hook_gradients(request: _Request) -> GradientStore | None:
+def _hook_gradients(request: Request) -> GradientStore | None:
     if not request.save_gradients:
         return None
     store = GradientStore(request.options.output_device)  # one per run: indexes restart
@@ -312,7 +229,7 @@ def _hook_gradients(request: _Request) -> GradientStore | None:
     return store
 
 
-def _build(request: _Request, recorder: Recorder, started: float, prune: bool,
+def _build(request: Request, recorder: Recorder, started: float, prune: bool,
            error: BaseException | None, store: GradientStore | None = None) -> ModelHistory:
     built = assemble(recorder, request.model)
     passes = built.passes
@@ -356,140 +273,3 @@ def _module_text(module_path: tuple) -> str:
 def _failure_note(history: ModelHistory) -> str:
     return (f"torchlog: {history.info.failure}; the partial history is in "
             f"exc.torchlog_history ({len(history)} layers logged)")
-
-
-# ----- validation -------------------------------------------------------------------------------
-def _validate(model, input_args, input_kwargs, layers_to_save, keep_unsaved_layers, output_device,
-              detach_saved_tensors, random_seed, activation_postfunc, save_function_args,
-              on_error, save_gradients=False) -> _Request:
-    if not isinstance(model, nn.Module):
-        raise InvalidArgumentTypeError(
-            f"model must be a torch.nn.Module, got {model!r} of type {type(model).__name__}; "
-            "wrap a plain function in an nn.Module whose forward calls it")
-    _check_not_meta(model)
-    if input_kwargs is None:
-        input_kwargs = {}
-    if not isinstance(input_kwargs, dict):
-        raise InvalidArgumentTypeError(
-            f"input_kwargs must be a dict of keyword arguments, got {input_kwargs!r}")
-    args = _positional_args(model, input_args)
-    _check_binds(model, args, input_kwargs)
-    for name, value in (("keep_unsaved_layers", keep_unsaved_layers),
-                        ("detach_saved_tensors", detach_saved_tensors),
-                        ("save_function_args", save_function_args),
-                        ("save_gradients", save_gradients)):
-        if not isinstance(value, bool):
-            raise InvalidArgumentTypeError(f"{name} must be True or False, got {value!r}")
-    if random_seed is not None and (isinstance(random_seed, bool) or not isinstance(random_seed, int)):
-        raise InvalidArgumentTypeError(
-            f"random_seed must be None or an int in [0, 2**63), got {random_seed!r} of type "
-            f"{type(random_seed).__name__}")
-    if random_seed is not None and not 0 <= random_seed < 2**63:
-        raise InvalidOptionError(
-            f"random_seed must be None or an int in [0, 2**63), got {random_seed!r}")
-    if activation_postfunc is not None and not callable(activation_postfunc):
-        raise InvalidArgumentTypeError(
-            f"activation_postfunc must be callable (tensor -> tensor) or None, got {activation_postfunc!r}")
-    if on_error not in _ON_ERROR:
-        raise InvalidOptionError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
-    check_gradient_options(save_gradients, detach_saved_tensors)
-    options = CaptureOptions(detach=detach_saved_tensors, output_device=_device(output_device),
-                             postfunc=activation_postfunc, save_function_args=save_function_args,
-                             plugins=_plugins())
-    return _Request(model, args, input_kwargs, new_seed() if random_seed is None else random_seed,
-                    options, check_entries(layers_to_save), keep_unsaved_layers, on_error,
-                    save_gradients)
-
-
-def _plugins() -> tuple:
-    """Capture plugins for op sources beyond torch functions that this process can use."""
-    if "triton" not in sys.modules:  # the model cannot launch kernels: log them at no cost
-        return ()
-    from torchlog.triton_ops import log_triton_launches
-
-    return (log_triton_launches,)
-
-
-def _check_not_meta(model: nn.Module) -> None:
-    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        if tensor.is_meta:
-            raise ModelInputError(
-                f"model parameter or buffer {name!r} is on the meta device and holds no values; "
-                "materialise the model first (model.to_empty(device='cpu') and load weights)")
-
-
-def _device(value: Any) -> torch.device | None:
-    if isinstance(value, str) and value == "same":
-        return None
-    accepted = "'same' or an available torch device such as 'cpu' or 'cuda:0'"
-    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
-        raise InvalidArgumentTypeError(
-            f"output_device must be {accepted}, got {value!r} of type {type(value).__name__}")
-    try:
-        device = torch.device(value)
-        if device.type != "cpu":  # fail now, not halfway through the forward pass
-            with torch._C.DisableTorchFunction():
-                torch.empty(0, device=device)
-    except (RuntimeError, TypeError, AssertionError) as exc:  # torch's "not compiled with CUDA" is an AssertionError
-        raise InvalidOptionError(f"output_device must be {accepted}, got {value!r}: {exc}") from exc
-    if device.type == "meta":
-        raise InvalidOptionError(
-            f"output_device must be {accepted}, got {value!r}: meta tensors hold no values")
-    return device
-
-
-def _forward_params(model: nn.Module) -> list[inspect.Parameter] | None:
-    try:
-        return list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):  # builtins or C extensions: nothing to inspect
-        return None
-
-
-def _positional_args(model: nn.Module, input_args: Any) -> tuple:
-    if isinstance(input_args, (list, tuple)):
-        params = _forward_params(model)
-        if params is not None and len(input_args) != 1:
-            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-            required = [p for p in positional if p.default is p.empty]
-            spread = any(p.kind == p.VAR_POSITIONAL for p in params)
-            if not spread and len(positional) >= 1 and len(required) <= 1 and len(input_args) > len(positional):
-                return (input_args,)  # forward takes one tuple/list argument: do not spread it
-        return tuple(input_args)
-    if input_args is None:
-        raise ModelInputError(
-            "input_args is None; pass a tensor, or a list/tuple of forward's positional arguments")
-    return (input_args,)
-
-
-def _check_binds(model: nn.Module, args: tuple, kwargs: dict) -> None:
-    params = _forward_params(model)
-    if params is None:
-        return
-    try:
-        inspect.signature(model.forward).bind(*args, **kwargs)
-    except TypeError as exc:
-        names = ", ".join(p.name for p in params) or "no arguments"
-        raise ModelInputError(
-            f"{type(model).__name__}.forward({names}) cannot take {len(args)} positional "
-            f"argument(s) and keywords {sorted(kwargs)!r}: {exc}") from None
-
-
-def _check_render_options(options: dict[str, Any]) -> dict[str, Any] | None:
-    if not options:
-        return None
-    unknown = [k for k in options if not k.startswith("vis_")]
-    if unknown:
-        raise InvalidArgumentTypeError(
-            f"log_forward_pass() got unexpected keyword argument(s) {unknown!r}; rendering "
-            "options start with 'vis_' (vis_opt, vis_nesting_depth, vis_outpath, vis_fileformat)")
-    vis_opt = options.get("vis_opt", "none")
-    if vis_opt == "none":
-        if len(options) > ("vis_opt" in options):
-            warnings.warn(
-                f"rendering options {sorted(k for k in options if k != 'vis_opt')!r} are ignored "
-                "because vis_opt is 'none'; pass vis_opt='unrolled' or 'rolled' to render",
-                TorchlogWarning, stacklevel=3)
-        return None
-    from torchlog.vis import options_from_keywords  # lazily: graphviz is optional
-
-    return {"options": options_from_keywords(**options)}

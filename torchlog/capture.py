@@ -154,7 +154,8 @@ def _name_of(func: Any) -> str:
 class Recorder:
     """Collects raw nodes for one forward pass of one model in one thread."""
 
-    def __init__(self, model: nn.Module, options: CaptureOptions) -> None:
+    def __init__(self, model: nn.Module, options: CaptureOptions,
+                 named_modules: list | None = None) -> None:
         self.options = options
         self.nodes: list[RawNode] = []
         self.producer: dict[int, _TensorRef] = {}
@@ -164,7 +165,8 @@ class Recorder:
         self.module_calls: dict[str, int] = {}
         self.call_outputs: dict[tuple[str, int], list[int]] = {}  # module call -> returned nodes
         self.last_write: dict[int, int] = {}  # storage address -> last in-place op that wrote it
-        self.named_modules = list(model.named_modules())  # one walk, reused after the pass
+        # One walk of the model, reused after the pass.
+        self.named_modules = named_modules if named_modules is not None else list(model.named_modules())
         self.module_addresses = {id(m): a for a, m in self.named_modules if a}
         self.param_info: dict[int, ParamInfo] = {}
         self.buffer_addresses: dict[int, str] = {}
@@ -484,8 +486,11 @@ class _CaptureMode(TorchFunctionMode):
         return self.on_op(func, args, kwargs or {})
 
 
-def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOptions) -> tuple[Recorder, Any]:
+def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOptions,
+                 named_modules: list | None = None) -> tuple[Recorder, Any]:
     """Run `model(*args, **kwargs)` while recording; undo every hook and the mode after.
+
+    `named_modules` is `list(model.named_modules())` when the caller already walked it.
 
     Returns the recorder and the model output. If forward raises, the exception is
     re-raised unchanged with the recorder attached as `exc.torchlog_recorder`.
@@ -500,7 +505,7 @@ def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOp
             "log_forward_pass was called inside another log_forward_pass in the same thread "
             "(a model that logs a sub-model); log the sub-model separately, outside the "
             "outer call")
-    recorder = Recorder(model, options)
+    recorder = Recorder(model, options, named_modules)
     for t, path in find_tensors((args, kwargs)):
         if id(t) not in recorder.producer:
             recorder.add_source(t, "input", _input_name(path))

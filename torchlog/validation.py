@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 # The plain run spreads input_args and puts the model's buffers back as logging does.
-from torchlog.api import _model_kept, _positional_args, log_forward_pass
+from torchlog.api import log_forward_pass
+from torchlog.arguments import positional_args
+from torchlog.model_state import model_kept
 from torchlog.nesting import find_tensors
 from torchlog.records import PassRecord
 from torchlog.seeding import new_seed, seeded
@@ -105,8 +107,8 @@ def validate_saved_activations(model: nn.Module, input_args: Any,
     """
     seed = new_seed() if random_seed is None else random_seed
     input_kwargs = {} if input_kwargs is None else input_kwargs
-    args, kwargs = _fresh((_positional_args(model, input_args), input_kwargs))
-    with seeded(seed), _model_kept(model):
+    args, kwargs = _fresh((positional_args(model, input_args), input_kwargs))
+    with seeded(seed), model_kept(list(model.named_modules())):
         expected = model(*args, **kwargs)
     args, kwargs = _fresh((input_args, input_kwargs))
     history = log_forward_pass(model, args, kwargs, random_seed=seed, save_function_args=True,

@@ -1,0 +1,76 @@
+"""What log_forward_pass puts back on the user's model afterwards, and how it runs compiled ones."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def compiled_text(model: Any) -> str | None:
+    """The CompiledModelWarning text when `model` or a submodule came from torch.compile."""
+    if is_compiled(model):
+        return (f"{type(model._orig_mod).__name__} was compiled with torch.compile; torchlog logs "
+                "its original module (model._orig_mod) eagerly, so the history shows eager ops, "
+                "not the compiled kernels")
+    inner = [a for a, m in model.named_modules() if is_compiled(m)] if isinstance(model, nn.Module) else []
+    if not inner:
+        return None
+    return (f"submodules {inner!r} were compiled with torch.compile; torchlog runs them eagerly "
+            "while logging, so the history shows eager ops, not the compiled kernels")
+
+
+def eager_submodules(named_modules: list) -> contextlib.AbstractContextManager:
+    """Run torch.compile'd submodules eagerly: dynamo would otherwise trace torchlog's own hooks.
+
+    The stance is global to the process, so it is only set for models that need it.
+    """
+    if not any(is_compiled(m) for _, m in named_modules):
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")
+
+
+def is_compiled(model: Any) -> bool:
+    """True for the wrapper torch.compile returns (its module is imported once one exists)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    return wrapper is not None and isinstance(model, wrapper) and isinstance(
+        getattr(model, "_orig_mod", None), nn.Module)
+
+
+@contextmanager
+def model_kept(named_modules: list) -> Iterator[None]:
+    """Undo what forward did to the model's buffers and train/eval flags (BatchNorm stats).
+
+    Each pass then starts from the same state (layers_to_save runs the model twice) and
+    the model is left as it was. Parameters changed in place are not undone.
+    """
+    with torch._C.DisableTorchFunction():  # never logged by an outer log_forward_pass
+        flags = [(module, module.training) for _, module in named_modules]
+        kept = [(module, dict(module._buffers),
+                 {name: b.detach().clone() for name, b in module._buffers.items() if b is not None})
+                for _, module in named_modules if module._buffers]
+    try:
+        yield
+    finally:
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            for module, training in flags:
+                module.training = training
+            for module, buffers, values in kept:
+                current = module._buffers
+                # Touch the dict only when forward reassigned a buffer: another thread may
+                # be reading it (two threads logging one model).
+                if current.keys() != buffers.keys() or any(current[k] is not v for k, v in buffers.items()):
+                    current.clear()
+                    current.update(buffers)
+                for name, copy in values.items():
+                    # Kernels such as batch_norm update running stats without bumping
+                    # _version, so compare values; copy only what changed.
+                    if not torch.equal(buffers[name], copy):
+                        # Through .data: the version counter stays put, so autograd can
+                        # still backpropagate through the batch_norm that updated it.
+                        buffers[name].data.copy_(copy)
