@@ -67,6 +67,11 @@ def log_forward_pass(
             `backward()` from a saved tensor (or `history.log_backward(loss)`) fills each
             pass's `grad_contents`. Needs detach_saved_tensors=False; warns when no
             logged tensor requires grad (torch.no_grad(), frozen model and inputs).
+            `history.layers_with_grads` lists the passes a backward reached. With
+            save_to, each gradient is written into the file as it arrives (a later
+            backward replaces it) and `grad_contents` reads it back, like the
+            activations; `tensor_contents` then comes from the file, cut from the graph,
+            so compute the loss from the model's own output (a forward hook keeps it).
         save_to: an HDF5 file to stream the saved activations into as they are produced
             (needs h5py: `pip install torchlog[storage]`); the history then reads them
             from the file on access, so memory stays bounded. See docs/storage.md.
@@ -95,13 +100,15 @@ def log_forward_pass(
         >>> history[2].layer_type
         'relu'
     """
-    compiled = compiled_text(model)
-    if compiled is not None:
-        warnings.warn(compiled, CompiledModelWarning, stacklevel=2)
-        model = model._orig_mod if is_compiled(model) else model
+    if is_compiled(model):
+        warnings.warn(compiled_text(model), CompiledModelWarning, stacklevel=2)
+        model = model._orig_mod
     request = validate(model, input_args, input_kwargs, layers_to_save, keep_unsaved_layers,
                        output_device, detach_saved_tensors, random_seed, activation_postfunc,
                        save_function_args, on_error, save_gradients)
+    compiled = compiled_text(model, request.named_modules)  # compiled submodules
+    if compiled is not None:
+        warnings.warn(compiled, CompiledModelWarning, stacklevel=2)
     render = check_render_options(render_options)
     writer = _open_log_file(save_to, overwrite, request)
     grad_was_enabled = torch.is_grad_enabled()
@@ -113,19 +120,21 @@ def log_forward_pass(
     return history
 
 
-def _log(request: Request) -> ModelHistory:
+def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistory:
+    """`gradient_sink` stores the gradients of the history returned (GradientStore's sink)."""
     started = perf_counter()
     if request.entries is None or request.entries == []:
         request.options.save_all = request.entries is None
         request.options.save_indices = frozenset()
-        return _run(request, started, prune=False)
+        return _run(request, started, prune=False, gradient_sink=gradient_sink)
     request.options.save_all = False
     request.options.save_indices = frozenset()
     probe = _run(request, started, prune=False, on_error="return")
     chosen = _reached(probe, request.entries) if probe.is_partial else resolve(probe, request.entries)
     request.options.save_indices = frozenset(chosen)
     # A model that raised raises again here (or returns), now with the chosen ops saved.
-    history = _run(request, started, prune=not request.keep_unsaved, expected=probe)
+    history = _run(request, started, prune=not request.keep_unsaved, expected=probe,
+                   gradient_sink=gradient_sink)
     return history
 
 
@@ -150,7 +159,7 @@ def _open_log_file(save_to: Any, overwrite: Any, request: Request) -> Any:
 def _log_to_file(request: Request, writer: Any) -> ModelHistory:
     """Run `_log` streaming into `writer`; the file is finished (or marked incomplete) either way."""
     try:
-        history = _log(request)
+        history = _log(request, writer.gradient_sink)
     except BaseException as exc:
         writer.abort(exc)
         raise
@@ -170,8 +179,9 @@ def _reached(partial: ModelHistory, entries: list) -> set[int]:
 
 
 def _run(request: Request, started: float, prune: bool,
-         expected: ModelHistory | None = None, on_error: str | None = None) -> ModelHistory:
-    store = _hook_gradients(request)
+         expected: ModelHistory | None = None, on_error: str | None = None,
+         gradient_sink: Callable | None = None) -> ModelHistory:
+    store = _hook_gradients(request, gradient_sink)
     with seeded(request.seed), model_kept(request.named_modules), eager_submodules(request.named_modules):
         try:
             recorder, _ = run_captured(request.model, request.args, request.kwargs, request.options,
@@ -221,10 +231,10 @@ def _all(history: ModelHistory) -> list:
     return history.info.extra.get("all_passes", history.passes)
 
 
-def _hook_gradients(request: Request) -> GradientStore | None:
+def _hook_gradients(request: Request, sink: Callable | None) -> GradientStore | None:
     if not request.save_gradients:
         return None
-    store = GradientStore(request.options.output_device)  # one per run: indexes restart
+    store = GradientStore(request.options.output_device, sink)  # one per run: indexes restart
     request.options.on_node = store.on_node
     return store
 

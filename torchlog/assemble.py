@@ -126,9 +126,15 @@ def _module_records(model: nn.Module, recorder: Recorder, labels: list) -> dict[
     calls = recorder.module_calls
     outputs = {call: [labels[i][0] for i in nodes] for call, nodes in recorder.call_outputs.items()}
     inside: dict[tuple[str, int], list[str]] = defaultdict(list)
+    last_path: tuple = ()
+    lists: list = []
     for node in recorder.nodes:
-        for call in node.module_path:
-            inside[call].append(labels[node.index][0])
+        if node.module_path is not last_path:  # consecutive ops share one path tuple
+            last_path = node.module_path
+            lists = [inside[call] for call in last_path]
+        label = labels[node.index][0]
+        for members in lists:
+            members.append(label)
     named = recorder.named_modules
     num_params: dict[str, int] = {}
     for address, module in reversed(named):  # children come after their parent
@@ -144,7 +150,8 @@ def _module_records(model: nn.Module, recorder: Recorder, labels: list) -> dict[
             address=address,
             type_name=type(module).__name__,
             num_params=num_params[address],
-            children=tuple(f"{address}.{name}" for name, _ in module.named_children()),
+            children=tuple(f"{address}.{name}" for name, child in module._modules.items()
+                           if child is not None),
             call_outputs=tuple(tuple(outputs.get((address, k), ())) for k in range(1, n + 1)),
             call_layers=tuple(tuple(inside[(address, k)]) for k in range(1, n + 1)),
         )

@@ -427,8 +427,7 @@ class Recorder:
         address = self.module_addresses.get(id(module))
         if address is None or threading.get_ident() != self.thread_id:
             return
-        with torch._C.DisableTorchFunction():  # our own bookkeeping must not be logged
-            self._enter(address)
+        self._enter(address)  # plain Python bookkeeping: no torch call to hide from the mode
 
     def _enter(self, address: str) -> None:
         count = self.module_calls.get(address, 0) + 1

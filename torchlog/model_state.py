@@ -11,13 +11,17 @@ import torch
 from torch import nn
 
 
-def compiled_text(model: Any) -> str | None:
+def compiled_text(model: Any, named_modules: list | None = None) -> str | None:
     """The CompiledModelWarning text when `model` or a submodule came from torch.compile."""
     if is_compiled(model):
         return (f"{type(model._orig_mod).__name__} was compiled with torch.compile; torchlog logs "
                 "its original module (model._orig_mod) eagerly, so the history shows eager ops, "
                 "not the compiled kernels")
-    inner = [a for a, m in model.named_modules() if is_compiled(m)] if isinstance(model, nn.Module) else []
+    if named_modules is None:
+        named_modules = list(model.named_modules()) if isinstance(model, nn.Module) else []
+    if "torch._dynamo.eval_frame" not in sys.modules:
+        return None  # nothing can have been compiled in this process
+    inner = [a for a, m in named_modules if is_compiled(m)]
     if not inner:
         return None
     return (f"submodules {inner!r} were compiled with torch.compile; torchlog runs them eagerly "
@@ -29,7 +33,7 @@ def eager_submodules(named_modules: list) -> contextlib.AbstractContextManager:
 
     The stance is global to the process, so it is only set for models that need it.
     """
-    if not any(is_compiled(m) for _, m in named_modules):
+    if "torch._dynamo.eval_frame" not in sys.modules or not any(is_compiled(m) for _, m in named_modules):
         return contextlib.nullcontext()
     return torch.compiler.set_stance("force_eager")
 
@@ -59,7 +63,8 @@ def model_kept(named_modules: list) -> Iterator[None]:
     finally:
         with torch._C.DisableTorchFunction(), torch.no_grad():
             for module, training in flags:
-                module.training = training
+                if module.training is not training:  # Module.__setattr__ is slow: only if changed
+                    module.training = training
             for module, buffers, values in kept:
                 current = module._buffers
                 # Touch the dict only when forward reassigned a buffer: another thread may
