@@ -1,19 +1,18 @@
 """Recording every tensor op of one forward pass: the only module that touches torch state.
 
 One `TorchFunctionMode` sees each torch function, Tensor method and operator called
-by Python code in this thread; per-module forward hooks mark module boundaries. Per op
+by Python code in this thread; two global module hooks (filtered to this model and
+thread) mark module boundaries. Per op
 we do the least we can (find parents, time the call, save a copy); labels, loop
 grouping and module summaries are computed afterwards from the raw nodes.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
@@ -22,7 +21,9 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
+from torchlog.call_sites import call_site, name_of
 from torchlog.nesting import find_tensors
+from torchlog.raw_nodes import CaptureOptions, Failure, RawNode  # noqa: F401  (re-exported)
 from torchlog.records import ParamInfo, TensorMeta
 
 _Tensor = torch.Tensor
@@ -45,72 +46,10 @@ _INPLACE_DUNDERS = frozenset(
 _active = threading.local()
 
 
-class RawNode:
-    """One node while capturing; turned into a PassRecord once the pass is over."""
-
-    __slots__ = (
-        "index", "kind", "func_name", "parents", "children", "params", "module_path",
-        "output_index", "call_id", "meta", "saved", "grad_fn_name", "elapsed_ns",
-        "is_inplace", "output_of", "address", "func_args", "rng_state", "extra", "site",
-    )
-
-    def __init__(self, index: int, kind: str, func_name: str, parents: list, params: tuple,
-                 module_path: tuple, output_index: int, call_id: int, meta: TensorMeta) -> None:
-        self.index = index
-        self.kind = kind  # 'op', 'input', 'buffer', 'source' or 'output'
-        self.func_name = func_name
-        self.parents = parents  # [(node index, arg path)] in argument order
-        self.children: list[int] = []
-        self.params = params  # tuple of ParamInfo
-        self.module_path = module_path  # ((address, call number), ...) outermost first
-        self.output_index = output_index
-        self.call_id = call_id  # nodes from one call of a multi-output op share it
-        self.meta = meta
-        self.saved: torch.Tensor | None = None
-        self.grad_fn_name: str | None = None
-        self.elapsed_ns = 0
-        self.is_inplace = False
-        self.output_of: list[tuple[str, int]] = []  # module calls that returned this tensor
-        self.address: str | None = None  # buffer or input name
-        self.func_args: Any = None
-        self.rng_state: torch.Tensor | None = None
-        self.extra: dict | None = None
-        self.site: tuple | None = None  # (code object, line) of the user code that called the op
-
-
 class _TensorRef(weakref.ref):
     """Weak reference to a live tensor, naming the node that last wrote it."""
 
     __slots__ = ("key", "node", "version")
-
-
-@dataclass(slots=True)
-class Failure:
-    """Where the forward pass raised, for notes and partial histories."""
-
-    func_name: str | None  # the op that raised, or None when user code raised
-    module_path: tuple  # module stack at the failure
-    parent_nodes: tuple[int, ...]  # logged tensors the failing op received
-
-
-@dataclass(slots=True)
-class CaptureOptions:
-    """What to keep per op; set by the public API after validation."""
-
-    save_all: bool = True
-    save_indices: frozenset[int] | None = None  # node indexes to save when not save_all
-    detach: bool = False
-    output_device: torch.device | None = None
-    postfunc: Callable[[torch.Tensor], Any] | None = None
-    save_function_args: bool = False
-    # Called with (node index, saved copy) as each activation is saved; returns what the
-    # node keeps instead (a LazyTensor when streaming to disk). Used by torchlog.storage.
-    sink: Callable[[int, Any], Any] | None = None
-    # Context-manager factories entered around the forward pass with the recorder, for
-    # op sources outside torch functions (Triton kernel launches).
-    plugins: tuple[Callable[["Recorder"], Any], ...] = ()
-    # Called with (node, tensor) for every new node, e.g. to register gradient hooks.
-    on_node: Callable[[RawNode, torch.Tensor], None] | None = None
 
 
 def _version(t: torch.Tensor) -> int:
@@ -118,37 +57,6 @@ def _version(t: torch.Tensor) -> int:
         return t._version
     except RuntimeError:  # inference tensors carry no version counter
         return -1
-
-
-_INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
-_internal_code: dict[Any, bool] = {}
-
-
-def _call_site() -> tuple | None:
-    """(code, instruction offset, line) of the nearest frame outside torch and torchlog: where user code called the op.
-
-    A handful of frame hops with a per-code cache: cheap enough to do per op, unlike
-    `inspect.stack()`, which reads source files.
-    """
-    frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        internal = _internal_code.get(code)
-        if internal is None:
-            internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL_DIRS)
-        if not internal:
-            # The instruction offset tells apart two ops on one line (`x + a + b`).
-            return (code, frame.f_lasti, frame.f_lineno)
-        frame = frame.f_back
-    return None
-
-
-def _name_of(func: Any) -> str:
-    name = getattr(func, "__name__", None)
-    if name in ("__get__", "__set__"):  # property access such as `x.T`
-        owner = getattr(func, "__self__", None)
-        name = getattr(owner, "__name__", name)
-    return name or type(func).__name__
 
 
 class Recorder:
@@ -264,7 +172,7 @@ class Recorder:
     def on_op(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         entry = self._funcs.get(func)
         if entry is None:
-            name = _name_of(func)
+            name = name_of(func)
             entry = self._funcs[func] = (name, name in _NOT_OPS)
         name, not_op = entry
         if not_op:
@@ -332,7 +240,7 @@ class Recorder:
         call_id = self._call_count
         name_inplace = (name[-1] == "_" and name[0] != "_") or name in _INPLACE_DUNDERS \
             or func is _SETITEM or "out" in kwargs
-        site = (_call_site(), self.module_sites)
+        site = (call_site(), self.module_sites)
         for output_index, (t, _) in enumerate(outs):
             existing = self.producer.get(id(t))
             prior = self.nodes[existing.node] if existing is not None else None
@@ -433,7 +341,7 @@ class Recorder:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        self.module_sites = self.module_sites + (_call_site(),)
+        self.module_sites = self.module_sites + (call_site(),)
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         address = self.module_addresses.get(id(module))
