@@ -1,7 +1,8 @@
 """Writing and reading logs as HDF5 files (installed as torchlog.storage).
 
 `log_forward_pass(..., save_to=path)` streams activations into a log file as they are
-produced; `history.save(path)` writes a finished history; `load(path)` opens either as a
+produced (and, with save_gradients=True, the gradients of each later backward as they
+are computed); `history.save(path)` writes a finished history; `load(path)` opens either as a
 ModelHistory whose tensors are read on access; `extract` appends chosen layers over a
 dataset into one array per layer. The file layout is described in docs/storage.md.
 """

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from typing import Any
 
 import h5py
@@ -18,6 +19,11 @@ from torchlog.errors import (
 from torchlog.storage.format import EXTRACT_FORMAT_NAME, FORMAT_NAME, FORMAT_VERSION
 
 _OPENERS = {FORMAT_NAME: "torchlog.load(path)", EXTRACT_FORMAT_NAME: "torchlog.storage.open_activations(path)"}
+# HDF5 lets a process open a file read-only while it holds it open for writing (the two
+# share one handle), but refuses to open it for writing while a read-only handle is open.
+# Stored values hold this lock from opening to closing the file, and so does the gradient
+# writer, so a read in one thread never makes a write in another fail.
+HANDLE_LOCK = threading.RLock()
 
 
 def as_path(path: Any, what: str = "path") -> str:
@@ -112,6 +118,9 @@ def _reason(exc: OSError) -> str:
     if "lock" in text:
         return ("the file is locked: another process is writing it, or it is open for writing "
                 "in this process; wait for the writer to finish")
+    if "already open for read-only" in text:
+        return ("the file is open read-only in this process (an h5py.File on it); close "
+                "that handle to let torchlog write to it")
     if "already open" in text:
         return "the file is already open for writing in this process"
     return text

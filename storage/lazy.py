@@ -7,7 +7,7 @@ import torch
 
 from torchlog.errors import LogFileError
 from torchlog.records import LazyTensor
-from torchlog.storage.files import open_existing
+from torchlog.storage.files import HANDLE_LOCK, open_existing
 from torchlog.storage.format import dtype_name
 from torchlog.storage.values import read_value
 
@@ -31,7 +31,7 @@ class StoredValue(LazyTensor):
             LogFileNotFoundError, LogFileError: the file was moved, replaced or damaged
                 since the history was opened.
         """
-        with open_existing(self.path) as file:
+        with HANDLE_LOCK, open_existing(self.path) as file:
             if file.attrs.get("log_id") != self.log_id:
                 raise LogFileError(
                     f"{self.path!r} is not the log this history was read from any more (it was "

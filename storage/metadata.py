@@ -20,7 +20,10 @@ from torchlog.records import LayerRecord, ModuleRecord, ParamInfo, ParentEdge, P
 from torchlog.storage.format import dtype_from_name, dtype_name
 
 # PassRecord fields that refer to tensors kept as datasets, not JSON.
-TENSOR_FIELDS = ("saved", "grad_contents", "rng_state")
+TENSOR_FIELDS = ("saved", "grad_saved", "rng_state")
+# Fields stored under their public name, as files have always named them.
+_STORED_NAMES = {"grad_saved": "grad_contents"}
+_FIELD_NAMES = {stored: field for field, stored in _STORED_NAMES.items()}
 # Fields the history recomputes, or that hold live code (func_args: functions and tensors).
 _SKIPPED = {"num_ops", "lookup_keys", "func_args"}
 ALL_PASSES = "all_passes"  # RunInfo.extra key of the unpruned pass list (api.py sets it)
@@ -89,7 +92,7 @@ def _pass_to_dict(record: PassRecord, ref: Ref) -> dict[str, Any]:
         if f.name in _SKIPPED:
             continue
         if f.name in TENSOR_FIELDS:
-            out[f.name] = None if value is None else ref(f.name, record, value)
+            out[_STORED_NAMES.get(f.name, f.name)] = None if value is None else ref(f.name, record, value)
         elif f.name == "tensor_meta":
             out[f.name] = [list(value.shape), dtype_name(value.dtype), value.num_bytes]
         else:
@@ -145,7 +148,8 @@ def _known(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
 
 def _pass_from_dict(d: dict[str, Any], load_ref: Callable[[str, dict], Any]) -> PassRecord:
     fields: dict[str, Any] = {}
-    for name, value in d.items():
+    for stored, value in d.items():
+        name = _FIELD_NAMES.get(stored, stored)
         if name in TENSOR_FIELDS:
             fields[name] = None if value is None else load_ref(name, value)
         elif name == "tensor_meta":

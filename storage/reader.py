@@ -23,7 +23,7 @@ from torchlog.storage.format import (
     dtype_from_name,
 )
 from torchlog.storage.lazy import StoredTensor, StoredValue
-from torchlog.storage.metadata import history_from_json
+from torchlog.storage.metadata import ALL_PASSES, history_from_json
 from torchlog.storage.recovery import rebuild
 from torchlog.storage.values import read_value
 
@@ -91,12 +91,13 @@ def _read(file: h5py.File, path: str, status: str) -> tuple[ModelHistory, str | 
     def value(field: str, ref: dict[str, Any]) -> Any:
         if present is not None and ref["ref"] not in present:
             return None
-        if field != "saved":  # gradients and RNG states are plain tensors in a record
+        if field == "rng_state":  # records hold RNG states as plain tensors
             return read_value(file[ref["ref"]], path)
         return _lazy(os.path.abspath(path), log_id, ref)
 
     history = history_from_json(file[METADATA].asstr()[()], value, FileHistory)
     history.path = path
+    _find_streamed_gradients(file, history, os.path.abspath(path), log_id)
     if status == COMPLETE:
         return history, None
     if status == INCOMPLETE:
@@ -109,6 +110,22 @@ def _present_names(file: h5py.File) -> set[str]:
     """Full names of the stored values, for files whose metadata may name missing ones."""
     return {f"{group}/{name}" for group in (ACTIVATIONS, GRADIENTS, RNG_STATES) if group in file
             for name in file[group]}
+
+
+def _find_streamed_gradients(file: h5py.File, history: ModelHistory, path: str, log_id: str) -> None:
+    """Give each pass the gradient a backward wrote after the metadata (gradients.py).
+
+    A dataset without its `torch_dtype` attribute was cut short by a killed process and
+    is left out.
+    """
+    group = file.get(GRADIENTS)
+    if not isinstance(group, h5py.Group) or not len(group):
+        return
+    for record in history.info.extra.get(ALL_PASSES) or history.passes:
+        obj = None if record.grad_saved is not None else group.get(str(record.op_index))
+        if isinstance(obj, h5py.Dataset) and "torch_dtype" in obj.attrs:
+            dtype = dtype_from_name(str(obj.attrs["torch_dtype"]))
+            record.grad_saved = StoredTensor(path, log_id, f"{GRADIENTS}/{record.op_index}", obj.shape, dtype)
 
 
 def _lazy(path: str, log_id: str, ref: dict[str, Any]) -> StoredValue:

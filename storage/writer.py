@@ -37,12 +37,13 @@ from torchlog.storage.format import (
     WRITING,
     dtype_name,
 )
+from torchlog.storage.gradients import GradientFile
 from torchlog.storage.lazy import StoredTensor, StoredValue
 from torchlog.storage.metadata import ALL_PASSES, history_to_json
 from torchlog.storage.recovery import NodeLog
 from torchlog.storage.values import WriteOptions, describe, write_value
 
-_GROUP_OF = {"saved": ACTIVATIONS, "grad_contents": GRADIENTS, "rng_state": RNG_STATES}
+_GROUP_OF = {"saved": ACTIVATIONS, "grad_saved": GRADIENTS, "rng_state": RNG_STATES}
 
 
 class LogWriter:
@@ -76,6 +77,7 @@ class LogWriter:
         self._node_log: NodeLog | None = None
         self._recorder: Recorder | None = None  # of the pass running now
         self._untagged: list[tuple[h5py.HLObject, int]] = []  # activations awaiting their nodes
+        self._gradients = GradientFile(self._abspath, self.log_id, self.options)
 
     def describe_run(self, model_name: str, random_seed: int) -> None:
         """Record what a rebuilt (crashed) log needs to name the run."""
@@ -134,6 +136,13 @@ class LogWriter:
                 self._node_log.tag(obj, self._recorder, index)
         file.flush()  # what is flushed survives the process being killed
         return _lazy(self._abspath, self.log_id, f"{ACTIVATIONS}/{name}", value)
+
+    def gradient_sink(self, index: int, grad: torch.Tensor) -> StoredTensor:
+        """GradientStore sink: write the gradient of node `index` as backward produces it.
+
+        Returns its lazy stand-in. Raises what `GradientFile.write` raises (gradients.py).
+        """
+        return self._gradients.write(index, grad)
 
     # ----- finishing ------------------------------------------------------------------------
     def finish(self, history: ModelHistory | None, failure: str | None = None) -> None:
@@ -254,7 +263,8 @@ def _check_source_path(history: ModelHistory, path: Any, overwrite: bool) -> Non
     if not overwrite or not os.path.exists(target):
         return
     for record in history.info.extra.get(ALL_PASSES) or history.passes:
-        if isinstance(record.saved, StoredValue) and _same_file(record.saved.path, target):
+        if any(isinstance(value, StoredValue) and _same_file(value.path, target)
+               for value in (record.saved, record.grad_saved)):
             raise LogFileError(
                 f"cannot overwrite {target!r}: this history reads its tensors from it; "
                 "save to another path")

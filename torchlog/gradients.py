@@ -4,19 +4,21 @@ The history is built after the forward pass, but gradients only exist once the u
 `backward()` later. So capture registers one tensor hook per node that requires grad, and
 each hook writes into a `GradientStore`; once the history exists, the store is attached to
 its pass records (looked up by `op_index`, which is the node index), and from then on every
-hook writes straight into `PassRecord.grad_contents`. A hook that fires before the store is
-attached (backward called inside forward) is kept and applied on attach.
+hook writes straight into `PassRecord.grad_contents`, or hands the gradient to a sink that
+stores it elsewhere (torchlog.storage writes it to the log file) and keeps what the sink
+returns. A hook that fires before the store is attached (backward called inside forward)
+is kept in memory and applied on attach.
 """
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
-from torchlog.records import PassRecord
+from torchlog.records import LazyTensor, PassRecord
 
 # RunInfo.extra key marking a history whose tensors carry gradient hooks.
 HOOKED_KEY = "save_gradients"
@@ -27,10 +29,15 @@ class GradientStore:
 
     One store serves one forward pass. Hooks keep a reference to the store, so the
     autograd graph keeps it (and the records it fills) alive until the graph is freed.
+    `sink`, when given, is called with (op_index, gradient) as each gradient arrives and
+    returns what the record keeps instead (a LazyTensor), like CaptureOptions.sink for
+    activations; what it raises leaves `backward()` unchanged.
     """
 
-    def __init__(self, output_device: torch.device | None = None) -> None:
+    def __init__(self, output_device: torch.device | None = None,
+                 sink: Callable[[int, torch.Tensor], Any] | None = None) -> None:
         self.output_device = output_device
+        self.sink = sink
         self.num_hooked = 0  # nodes whose tensor required grad and got a hook
         self._records: dict[int, PassRecord] | None = None
         self._early: dict[int, torch.Tensor] = {}  # gradients that arrived before attach
@@ -48,18 +55,21 @@ class GradientStore:
         self.num_hooked += 1
 
     def _receive(self, index: int, grad: torch.Tensor) -> None:
-        # Autograd may reuse the buffer it passed to the hook; keep a private copy.
-        kept = grad.detach()
-        if self.output_device is not None and kept.device != self.output_device:
-            kept = kept.to(self.output_device)
-        else:
-            kept = kept.clone()
         if self._records is None:
-            self._early[index] = kept
+            self._early[index] = self._copy(grad)
             return
         record = self._records.get(index)
-        if record is not None:  # pruned passes (layers_to_save) keep no gradient
-            record.grad_contents = kept
+        if record is None:  # pruned passes (layers_to_save) keep no gradient
+            return
+        # A sink has stored the gradient when it returns, so it needs no copy of its own.
+        record.grad_saved = self._copy(grad) if self.sink is None else self.sink(index, grad.detach())
+
+    def _copy(self, grad: torch.Tensor) -> torch.Tensor:
+        """A private copy (autograd may reuse the buffer it passed to the hook), on output_device."""
+        kept = grad.detach()
+        if self.output_device is not None and kept.device != self.output_device:
+            return kept.to(self.output_device)
+        return kept.clone()
 
     def attach(self, records: Iterable[PassRecord]) -> None:
         """Route gradients to `records` (matched by op_index), including any that came early."""
@@ -67,7 +77,7 @@ class GradientStore:
         for index, grad in self._early.items():
             record = self._records.get(index)
             if record is not None:
-                record.grad_contents = grad
+                record.grad_saved = grad
         self._early.clear()
 
 
@@ -119,8 +129,12 @@ def log_backward(history: Any, loss: torch.Tensor) -> None:
         raise InvalidArgumentTypeError(
             f"loss must be a tensor computed from the saved outputs, got {loss!r}")
     if not loss.requires_grad:
+        on_disk = any(isinstance(record.saved, LazyTensor) for record in history)
         raise InvalidArgumentTypeError(
-            f"loss {loss!r} does not require grad, so backward cannot reach the model; "
-            "compute it from `history[label].tensor_contents` of a pass saved attached "
-            "(detach_saved_tensors=False)")
+            f"loss {loss!r} does not require grad, so backward cannot reach the model; " + (
+                "with save_to, `tensor_contents` is read back from the file, cut from the "
+                "graph: compute the loss from the model's own output (kept with "
+                "model.register_forward_hook, say)" if on_disk else
+                "compute it from `history[label].tensor_contents` of a pass saved attached "
+                "(detach_saved_tensors=False)"))
     loss.backward()

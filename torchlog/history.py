@@ -266,7 +266,7 @@ class ModelHistory(Mapping):
 
     @property
     def layers_with_grads(self) -> list[str]:
-        return [p.label for p in self._passes if p.grad_contents is not None]
+        return [p.label for p in self._passes if p.has_grad]  # reads no gradient from disk
 
     def log_backward(self, loss: Any) -> None:
         """Call `loss.backward()` and fill `grad_contents` of every pass it reaches.

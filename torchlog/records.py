@@ -84,7 +84,7 @@ class PassRecord:
     call_site: str | None = None  # 'file.py:42 in forward': the user code that ran the op
     num_ops: int = 0  # passes in the history this record belongs to
     lookup_keys: tuple = ()  # every key that finds this pass, as the history sets them
-    grad_contents: torch.Tensor | None = None  # gradient of the loss w.r.t. this output
+    grad_saved: Any = None  # gradient of the loss w.r.t. this output: a tensor, a LazyTensor, or None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -121,6 +121,22 @@ class PassRecord:
     @property
     def has_saved_tensor(self) -> bool:
         return self.saved is not None
+
+    @property
+    def grad_contents(self) -> torch.Tensor | None:
+        """The gradient from the latest backward (read from disk now if it streamed to a log
+        file); None when no backward reached this pass."""
+        grad = self.grad_saved
+        return grad.load() if isinstance(grad, LazyTensor) else grad
+
+    @grad_contents.setter
+    def grad_contents(self, value: Any) -> None:
+        self.grad_saved = value
+
+    @property
+    def has_grad(self) -> bool:
+        """True when a backward reached this pass (checked without reading the gradient)."""
+        return self.grad_saved is not None
 
     @property
     def module(self) -> str | None:

@@ -19,7 +19,7 @@ def gradient_edges(history: "ModelHistory", placement: Placement) -> list[Edge]:
     """
     edges: dict[Edge, None] = {}
     for record in history:
-        grad = record.grad_contents
+        grad = record.grad_saved  # a tensor, or a StoredTensor whose shape needs no read
         head = placement.unit_of.get(record.label)
         if grad is None or head is None:
             continue

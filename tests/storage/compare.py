@@ -16,7 +16,8 @@ ALL_DTYPES = [
     torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu,
 ]
 # Fields that hold tensors (compared by value) or live code (not stored, see docs/storage.md).
-_VALUE_FIELDS = {"saved", "grad_contents", "rng_state"}
+_VALUE_FIELDS = {"saved", "grad_saved", "rng_state"}
+_READ_AS = {"saved": "tensor_contents", "grad_saved": "grad_contents"}  # resolve values on disk
 _NOT_STORED = {"func_args"}
 _PER_RUN = {"elapsed_s", "call_site"}  # differ between two runs of one model
 
@@ -59,8 +60,8 @@ def assert_same_pass(a: PassRecord, b: PassRecord, same_run: bool = True) -> Non
         if f.name in _NOT_STORED or (f.name in _PER_RUN and not same_run):
             continue
         if f.name in _VALUE_FIELDS:
-            left = a.tensor_contents if f.name == "saved" else getattr(a, f.name)
-            right = b.tensor_contents if f.name == "saved" else getattr(b, f.name)
+            left = getattr(a, _READ_AS.get(f.name, f.name))
+            right = getattr(b, _READ_AS.get(f.name, f.name))
             assert same_value(left, right), f"{a.label}.{f.name}: {left!r} != {right!r}"
         else:
             assert getattr(a, f.name) == getattr(b, f.name), (
