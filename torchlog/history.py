@@ -86,7 +86,7 @@ class ModelHistory(Mapping):
                     add(name, target, listed)
                 for record in shown:
                     add(f"{name}:{record.pass_num}", record, listed)
-        for address, module in self._modules.items():
+        for address, module in reversed(self._modules.items()):  # innermost module first
             firsts = [visible.get(call[0]) if call else None for call in module.call_outputs]
             if len(firsts) == 1 and firsts[0] is not None:
                 add(address, firsts[0])
