@@ -29,7 +29,8 @@ def assemble(recorder: Recorder, model: nn.Module) -> Assembled:
     nodes = recorder.nodes
     groups = group_into_layers(nodes)
     labels = _label_nodes(nodes, groups)
-    passes = [_pass_record(node, labels, nodes) for node in nodes]
+    module_texts: dict[int, tuple[str, ...]] = {}  # consecutive ops share one module path
+    passes = [_pass_record(node, labels, module_texts) for node in nodes]
     by_label = {p.label: p for p in passes}
     layers = [_layer_record(members, passes, by_label) for members in groups]
     modules = _module_records(model, recorder, labels)
@@ -52,8 +53,13 @@ def _label_nodes(nodes: list[RawNode], groups: list[list[int]]) -> list[tuple[st
     return out
 
 
-def _pass_record(node: RawNode, labels: list, nodes: list[RawNode]) -> PassRecord:
+def _pass_record(node: RawNode, labels: list, module_texts: dict[int, tuple[str, ...]]) -> PassRecord:
     label, layer, layer_type, pass_num, num_passes = labels[node.index]
+    path = node.module_path
+    containing = module_texts.get(id(path))
+    if containing is None:  # the path tuples live as long as the nodes: ids stay unique
+        containing = module_texts[id(path)] = tuple(f"{a}:{c}" for a, c in reversed(path))
+    kind = node.kind
     record = PassRecord(
         label=label,
         layer_label=layer,
@@ -68,17 +74,17 @@ def _pass_record(node: RawNode, labels: list, nodes: list[RawNode]) -> PassRecor
         children=tuple(labels[c][0] for c in node.children),
         params=node.params,
         grad_fn_name=node.grad_fn_name,
-        containing_modules=tuple(f"{a}:{c}" for a, c in reversed(node.module_path)),
-        output_of_modules=tuple(f"{a}:{c}" for a, c in node.output_of),
+        containing_modules=containing,
+        output_of_modules=tuple(f"{a}:{c}" for a, c in node.output_of) if node.output_of else (),
         output_index=node.output_index,
         elapsed_s=node.elapsed_ns / 1e9,
-        is_input=node.kind == "input",
-        is_output=node.kind == "output",
-        is_buffer=node.kind == "buffer",
-        is_source=node.kind == "source",
+        is_input=kind == "input",
+        is_output=kind == "output",
+        is_buffer=kind == "buffer",
+        is_source=kind == "source",
         is_inplace=node.is_inplace,
-        is_created=node.kind == "op" and not node.parents,
-        buffer_address=node.address if node.kind in ("buffer", "input") else None,
+        is_created=kind == "op" and not node.parents,
+        buffer_address=node.address if kind in ("buffer", "input") else None,
         func_args=node.func_args,
         rng_state=node.rng_state,
         extra=node.extra or {},
