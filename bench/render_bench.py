@@ -19,10 +19,12 @@ from pathlib import Path
 from time import perf_counter
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models import gpt2_small  # noqa: E402  (bench/ is not a package)
+
+from tests.models import LongChain  # noqa: E402  (the chain the rendering tests use)
 
 import torchlog  # noqa: E402
 from torchlog.vis import RenderOptions  # noqa: E402
@@ -37,23 +39,6 @@ GPT2_VIEWS = {  # view name -> (render keywords, has the 10 s target)
     "rolled, depth 3": ({"mode": "rolled", "nesting_depth": 3}, True),
     "unrolled": ({}, False),
 }
-
-
-class Chain(nn.Module):
-    """About 2,000 ops in one long chain of small Linear layers, with a skip per block."""
-
-    def __init__(self, num_blocks: int = 25, width: int = 27) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            nn.ModuleList(nn.Linear(2, 2) for _ in range(width)) for _ in range(num_blocks))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            skip = x
-            for lin in block:
-                x = torch.relu(lin(x)) * 0.5
-            x = x + skip
-        return x
 
 
 def _median_s(action, repeats: int = REPEATS) -> float:
@@ -88,7 +73,7 @@ def main() -> int:
     tokens = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(0))
     gpt2_history = torchlog.log_forward_pass(gpt2, tokens, input_kwargs={"use_cache": False},
                                              layers_to_save=None, random_seed=0)
-    chain_history = torchlog.log_forward_pass(Chain(), torch.rand(1, 2), layers_to_save=None,
+    chain_history = torchlog.log_forward_pass(LongChain(), torch.rand(1, 2), layers_to_save=None,
                                               random_seed=0)
     print(f"GPT-2 12 layers: {len(gpt2_history)} ops; chain: {len(chain_history)} ops; "
           f"format {args.format}, median of {REPEATS} runs")

@@ -376,3 +376,15 @@ def check_against_plain_run(model: torch.nn.Module, args: tuple, kwargs: dict | 
             f"model output #{position} ({label}) differs from a plain forward with seed {seed} "
             f"(max abs diff {_max_diff(got, want.detach())})")
     return history, logged, output
+
+
+def ancestors(history: ModelHistory, labels: list[str]) -> set[str]:
+    """`labels` and every pass they depend on, following parent links."""
+    seen: set[str] = set()
+    stack = list(labels)
+    while stack:
+        label = stack.pop()
+        if label not in seen:
+            seen.add(label)
+            stack.extend(history[label].parent_labels)
+    return seen

@@ -263,6 +263,23 @@ class NoGradInside(nn.Module):
         return x / m + mask.float() + idx.unsqueeze(-1)
 
 
+class LongChain(nn.Module):
+    """About 2,000 ops: 25 blocks of 27 small Linear layers in a chain, with a skip per block."""
+
+    def __init__(self, num_blocks: int = 25, width: int = 27) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.ModuleList(nn.Linear(2, 2) for _ in range(width)) for _ in range(num_blocks))
+
+    def forward(self, x):
+        for block in self.blocks:
+            skip = x
+            for lin in block:
+                x = torch.relu(lin(x)) * 0.5
+            x = x + skip
+        return x
+
+
 TINY_MODELS = {
     "simple_recurrent": (SimpleRecurrent, lambda: torch.rand(6, 5)),
     "branching": (Branching, lambda: torch.rand(2, 4)),

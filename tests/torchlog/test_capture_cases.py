@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchlog
-from tests.invariants import check_history
+from tests.invariants import ancestors, check_history
 from tests.models import (
     TINY_MODELS,
     Branching,
@@ -40,16 +40,6 @@ def _log(model: torch.nn.Module, *args, **options) -> torchlog.ModelHistory:
 
 def _by_func(history: torchlog.ModelHistory, func_name: str) -> list:
     return [p for p in history if p.func_name == func_name]
-
-
-def _ancestors(history: torchlog.ModelHistory, labels: list[str]) -> set[str]:
-    seen, stack = set(), list(labels)
-    while stack:
-        label = stack.pop()
-        if label not in seen:
-            seen.add(label)
-            stack.extend(history[label].parent_labels)
-    return seen
 
 
 @pytest.mark.parametrize("save", ["all", "none", "some"])
@@ -128,7 +118,7 @@ def test_mutation_through_a_view_is_a_dependency() -> None:
     (add_,) = [p for p in _by_func(history, "add_") if "view_written_by" not in p.extra]
     row_sum, first_sum = _by_func(history, "sum")
     for record, dims in ((row_sum, 1), (first_sum, None)):
-        assert add_.label in _ancestors(history, [record.label]), (
+        assert add_.label in ancestors(history, [record.label]), (
             f"{record.label} read a tensor that {add_.label} had changed through a view")
         (parent,) = record.parent_labels
         consumed = history[parent].tensor_contents
@@ -284,8 +274,8 @@ def test_orphan_computations_are_logged_but_not_ancestors() -> None:
     history = _log(Orphans(), torch.randn(3))
     funcs = [p.func_name for p in history]
     assert funcs == ["input", "ones", "mul", "exp", "cos", "sum", "add", "output"]
-    ancestors = _ancestors(history, history.output_layers)
-    orphans = [p.func_name for p in history if p.label not in ancestors]
+    upstream = ancestors(history, history.output_layers)
+    orphans = [p.func_name for p in history if p.label not in upstream]
     assert orphans == ["ones", "mul", "exp", "cos", "sum"]
     assert torch.equal(_by_func(history, "exp")[0].tensor_contents, torch.exp(torch.ones(3) * 5))
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import torchlog
+from tests.invariants import ancestors
 from tests.models import TINY_MODELS, SimpleRecurrent
 from tests.torchlog.test_real_models import TORCH_CASES, TRANSFORMERS
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
@@ -83,7 +84,7 @@ def test_backward_from_an_intermediate_layer() -> None:
     start = _by_type_and_pass(history)["linear", 2]
     history.log_backward(_loss([start.tensor_contents]))
 
-    upstream = _ancestors(history, start.label) | {start.label}
+    upstream = ancestors(history, [start.label])
     assert set(history.layers_with_grads) == upstream
     kept, _ = _recurrent_plain_run(model, x)
     keys = [k for k in kept if k[1] == 1] + [("linear", 2)]
@@ -92,17 +93,6 @@ def test_backward_from_an_intermediate_layer() -> None:
     torch.testing.assert_close(history[history.input_layers[0]].grad_contents, expected[0])
     for key, grad in zip(keys, expected[1:]):
         torch.testing.assert_close(records[key].grad_contents, grad)
-
-
-def _ancestors(history: torchlog.ModelHistory, label: str) -> set[str]:
-    seen: set[str] = set()
-    todo = list(history[label].parent_labels)
-    while todo:
-        parent = todo.pop()
-        if parent not in seen:
-            seen.add(parent)
-            todo.extend(history[parent].parent_labels)
-    return seen
 
 
 # ----- oracle: module outputs of a plain run, via forward hooks ---------------------------------

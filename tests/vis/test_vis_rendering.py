@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import torchlog
-from tests.models import Nested, SimpleRecurrent
+from tests.models import LongChain, Nested, SimpleRecurrent
 from torchlog.errors import MissingDependencyError
 from torchlog.vis import GraphFile, render, to_dot
 from torchlog.vis import render as render_module_function
@@ -24,23 +24,6 @@ render_module = sys.modules["torchlog.vis.rendering"]
 def recurrent() -> torchlog.ModelHistory:
     torch.manual_seed(0)
     return torchlog.log_forward_pass(SimpleRecurrent(), torch.rand(6, 5), random_seed=0)
-
-
-class Long(nn.Module):
-    """About 2000 ops: 25 blocks of 27 small modules applied in a chain, with skips."""
-
-    def __init__(self, num_blocks: int = 25, width: int = 27) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            nn.ModuleList(nn.Linear(2, 2) for _ in range(width)) for _ in range(num_blocks))
-
-    def forward(self, x):
-        for block in self.blocks:
-            skip = x
-            for lin in block:
-                x = torch.relu(lin(x)) * 0.5
-            x = x + skip
-        return x
 
 
 @pytest.mark.needs_dot
@@ -113,7 +96,7 @@ def test_not_in_notebook_in_a_test_run() -> None:
 
 @pytest.mark.needs_dot
 def test_two_thousand_nodes_render_to_svg(tmp_path: Path) -> None:
-    history = torchlog.log_forward_pass(Long(), torch.rand(1, 2), layers_to_save=None, random_seed=0)
+    history = torchlog.log_forward_pass(LongChain(), torch.rand(1, 2), layers_to_save=None, random_seed=0)
     assert len(history) >= 2000
     result = history.render_graph(outpath=tmp_path / "long.svg")
     assert Path(result).read_text().count('class="node"') == len(history)
