@@ -52,6 +52,13 @@ class _TensorRef(weakref.ref):
     __slots__ = ("key", "node", "version")
 
 
+def _describe(func: Callable) -> tuple[str, bool, bool]:
+    """(name, is not an op, writes into its first argument by name); cached per function."""
+    name = name_of(func)
+    inplace = (name[-1:] == "_" and name[:1] != "_") or name in _INPLACE_DUNDERS or func is _SETITEM
+    return name, name in _NOT_OPS, inplace
+
+
 def _version(t: torch.Tensor) -> int:
     try:
         return t._version
@@ -89,7 +96,7 @@ class Recorder:
                     self.buffer_addresses.setdefault(id(b), prefix + name)
         self.failure: Failure | None = None
         self.error_stack: tuple | None = None
-        self._funcs: dict[Any, tuple[str, bool]] = {}  # function -> (name, is not an op)
+        self._funcs: dict[Any, tuple[str, bool, bool]] = {}  # function -> _describe(function)
         self._call_count = 0
         self._forget = self._make_forget()
         self._rng_before: torch.Tensor | None = None  # CPU RNG state before the current op
@@ -172,9 +179,8 @@ class Recorder:
     def on_op(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         entry = self._funcs.get(func)
         if entry is None:
-            name = name_of(func)
-            entry = self._funcs[func] = (name, name in _NOT_OPS)
-        name, not_op = entry
+            entry = self._funcs[func] = _describe(func)
+        name, not_op, writes_first_arg = entry
         if not_op:
             return func(*args, **kwargs)
         # Parents are found before the call: an in-place op (or batch norm updating its
@@ -199,7 +205,8 @@ class Recorder:
             outs = find_tensors(out)
             if not outs:
                 return out
-        self._record(func, name, args, kwargs, outs, elapsed, parents, params)
+        self._record(func, name, writes_first_arg or "out" in kwargs, args, kwargs, outs, elapsed,
+                     parents, params)
         return out
 
     def _find_parents(self, args: tuple, kwargs: dict) -> tuple[list, list]:
@@ -233,13 +240,11 @@ class Recorder:
                 self._scan(item, (path, key) if not isinstance(path, tuple) else path + (key,),
                            parents, params)
 
-    def _record(self, func: Callable, name: str, args: tuple, kwargs: dict, outs: Any,
-                elapsed: int, parents: list, params: list) -> None:
+    def _record(self, func: Callable, name: str, name_inplace: bool, args: tuple, kwargs: dict,
+                outs: Any, elapsed: int, parents: list, params: list) -> None:
         params_t = tuple(params)
         self._call_count += 1
         call_id = self._call_count
-        name_inplace = (name[-1] == "_" and name[0] != "_") or name in _INPLACE_DUNDERS \
-            or func is _SETITEM or "out" in kwargs
         site = (call_site(), self.module_sites)
         for output_index, (t, _) in enumerate(outs):
             existing = self.producer.get(id(t))
