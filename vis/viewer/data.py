@@ -1,0 +1,219 @@
+"""The data an interactive page is built from: passes, layers, module calls and statistics.
+
+Everything here is plain JSON-ready Python (str, int, float, list, dict), computed once
+from a finished ModelHistory; the page decides what to draw from it. Whole tensors never
+go into the page, only their statistics.
+"""
+from __future__ import annotations
+
+import linecache
+import re
+from typing import TYPE_CHECKING, Any
+
+from torchlog.labels import split_pass
+from torchlog.records import LayerRecord, ModuleRecord, PassRecord
+from torchlog.vis.edges import shows_arg
+from torchlog.vis.graph import BUFFER, CREATED, FAILED, INPUT, MODULE, OP, OUTPUT, PARAM
+from torchlog.vis.placement import module_title
+from torchlog.vis.style import (
+    EDGE_DEFAULTS, GRAPH_ATTRS, INPLACE_STYLE, LARGE_GRAPH_ATTRS, LARGE_GRAPH_NODES, NODE_DEFAULTS,
+    NODE_STYLES, kind_of,
+)
+from torchlog.vis.text import (
+    arg_text, caption_lines, failure_lines, layer_lines, module_lines, pass_lines, passes_text,
+    shape_text,
+)
+from torchlog.vis.viewer.stats import tensor_stats
+
+if TYPE_CHECKING:
+    from torchlog.history import ModelHistory
+
+__all__ = ["FORMAT_VERSION", "page_data"]
+
+FORMAT_VERSION = 1
+_SITE = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<func>.*)$")
+
+
+def page_data(history: "ModelHistory", mode: str, depth: int | None,
+              with_stats: bool = True) -> dict[str, Any]:
+    """Everything the page needs about `history`, and the view it opens with.
+
+    Example:
+        >>> import torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.Linear(3, 2), torch.ones(1, 3), random_seed=0)
+        >>> data = page_data(h, "unrolled", None)
+        >>> [p["label"] for p in data["passes"]], data["passes"][1]["kind"]
+        (['input_1_0', 'linear_1_1', 'output_1_2'], 'param')
+    """
+    stats_cache: dict[int, Any] = {}
+    return {
+        "version": FORMAT_VERSION,
+        "model": history.model_name,
+        "caption": list(caption_lines(history)),
+        "view": {"mode": mode, "depth": depth},
+        "passes": [_pass_entry(r, stats_cache if with_stats else None) for r in history],
+        "layers": [_layer_entry(layer) for layer in history.layers],
+        "calls": _module_calls(history),
+        "modules": _modules(history),
+        "failure": _failure(history),
+        "dot": _dot_styles(),
+    }
+
+
+def _dot_styles() -> dict[str, Any]:
+    """The graphviz view's look, so both views draw each kind the same way."""
+    return {"graph": dict(GRAPH_ATTRS), "node": dict(NODE_DEFAULTS), "edge": dict(EDGE_DEFAULTS),
+            "kinds": {kind: dict(NODE_STYLES[kind]) for kind in
+                      (INPUT, OUTPUT, PARAM, BUFFER, CREATED, OP, MODULE, FAILED)},
+            "inplace": dict(INPLACE_STYLE), "large": dict(LARGE_GRAPH_ATTRS),
+            "largeNodes": LARGE_GRAPH_NODES}
+
+
+def _pass_entry(record: PassRecord, stats_cache: dict[int, Any] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "label": record.label,
+        "lines": list(pass_lines(record)),
+        "layer": record.layer_label,
+        "type": record.layer_type,
+        "func": record.func_name,
+        "kind": kind_of(record),
+        "inplace": record.is_inplace,
+        "pass": record.pass_num,
+        "npasses": record.num_passes,
+        "shape": list(record.shape),
+        "dtype": str(record.dtype).removeprefix("torch."),
+        "bytes": record.num_bytes,
+        "modules": list(record.containing_modules),
+        "outputOf": list(record.output_of_modules),
+        "site": _site(record.call_site),
+        "params": [[p.address, list(p.shape), p.num_params] for p in record.params],
+        "timeUs": round(record.elapsed_s * 1e6, 1),
+        "parents": [[e.label, arg_text(e.arg)] for e in record.parents],
+        "showArg": shows_arg(record),
+        "children": list(record.children),
+        "saved": record.has_saved_tensor,
+        "stats": _stats(record, stats_cache) if stats_cache is not None else None,
+    }
+    if record.buffer_address:
+        entry["address"] = record.buffer_address
+    if record.has_grad:
+        grad = record.grad_contents
+        entry["grad"] = {"shape": list(grad.shape), "norm": float(grad.double().norm())}
+    return entry
+
+
+def _stats(record: PassRecord, cache: dict[int, Any]) -> dict[str, Any] | None:
+    """Statistics of the saved value; a value shared by passes is summarised once."""
+    if record.saved is None:
+        return None
+    key = id(record.saved)
+    if key not in cache:
+        cache[key] = tensor_stats(record.tensor_contents)
+    return cache[key]
+
+
+def _site(call_site: str | None) -> dict[str, Any] | None:
+    """`{'file', 'line', 'func', 'text'}` of the user code that ran the op."""
+    if call_site is None:
+        return None
+    match = _SITE.match(call_site)
+    if match is None:
+        return {"file": call_site, "line": None, "func": None, "text": None}
+    file, line = match["file"], int(match["line"])
+    text = linecache.getline(file, line).strip() or None
+    return {"file": file, "line": line, "func": match["func"], "text": text}
+
+
+def _layer_entry(layer: LayerRecord) -> dict[str, Any]:
+    """A rolled node and its incoming edges, with the passes each edge links."""
+    parents = []
+    for parent_label, span in layer.parent_layers.items():
+        parents.append({
+            "layer": parent_label,
+            "out": passes_text(span.parent_passes),
+            "in": passes_text(span.child_passes),
+            "args": _args_from(layer, parent_label, span.child_passes),
+        })
+    return {"label": layer.label, "type": layer.layer_type, "lines": list(layer_lines(layer.passes)),
+            "passes": [r.label for r in layer.passes], "parents": parents}
+
+
+def _args_from(layer: LayerRecord, parent_label: str, child_passes: tuple[int, ...]) -> list[str]:
+    """The argument slots through which `layer` reads `parent_label`, first seen first."""
+    args: dict[str, None] = {}
+    for num in child_passes:
+        if 1 <= num <= layer.num_passes:
+            for edge in layer[num].parents:
+                if split_pass(edge.label)[0] == parent_label:
+                    args.setdefault(arg_text(edge.arg), None)
+    return list(args)
+
+
+def _module_calls(history: "ModelHistory") -> dict[str, dict[str, Any]]:
+    """One entry per module call ('block.attn:2'): what it is, holds, reads and returns."""
+    modules = history.modules
+    by_label = {r.label: r for r in history}
+    members: dict[str, set[str]] = {}
+    calls: dict[str, dict[str, Any]] = {}
+    for record in history:
+        chain = tuple(reversed(record.containing_modules))
+        for depth, call in enumerate(chain, start=1):
+            members.setdefault(call, set()).add(record.label)
+            if call not in calls:
+                address, num = split_pass(call)
+                calls[call] = {"address": address, "call": num, "depth": depth,
+                               "parent": chain[depth - 2] if depth > 1 else None}
+    for call, entry in calls.items():
+        module = modules.get(entry["address"])
+        inside = members[call]
+        entry["inputs"] = _outside_parents(inside, by_label)
+        entry["outputs"] = _shapes_of(_returned(module, entry["call"]), by_label)
+        entry["lines"] = list(module_lines(module_title(call, modules, False), module,
+                                           (shape_text(s) for s in entry["outputs"])))
+    return calls
+
+
+def _returned(module: ModuleRecord | None, call: int | None) -> tuple[str, ...]:
+    if module is None or call is None or not 1 <= call <= len(module.call_outputs):
+        return ()
+    return module.call_outputs[call - 1]
+
+
+def _outside_parents(inside: set[str], by_label: dict[str, PassRecord]) -> list[list[int]]:
+    """Shapes of the tensors that ops inside a call read from outside it, in first-use order."""
+    seen: dict[str, None] = {}
+    for label in sorted(inside, key=lambda l: by_label[l].op_index):
+        for edge in by_label[label].parents:
+            if edge.label not in inside and not by_label[edge.label].is_buffer:
+                seen.setdefault(edge.label, None)
+    return [list(by_label[l].shape) for l in seen]
+
+
+def _shapes_of(labels: tuple[str, ...], by_label: dict[str, PassRecord]) -> list[list[int]]:
+    return [list(by_label[l].shape) for l in labels if l in by_label]
+
+
+def _modules(history: "ModelHistory") -> dict[str, dict[str, Any]]:
+    """One entry per module address: type, parameters, call count and the rolled box's
+    parent, for the rolled view and the panel of a collapsed module."""
+    modules = history.modules
+    by_label = {r.label: r for r in history}
+    entries: dict[str, dict[str, Any]] = {}
+    for address, module in modules.items():
+        outputs = [label for call in module.call_outputs for label in call]
+        shapes = (shape_text(s) for s in _shapes_of(tuple(outputs), by_label))
+        entries[address] = {"type": module.type_name, "params": module.num_params,
+                            "calls": module.num_passes, "children": list(module.children),
+                            "lines": list(module_lines(module_title(address, modules, True),
+                                                       module, shapes))}
+    return entries
+
+
+def _failure(history: "ModelHistory") -> dict[str, Any] | None:
+    """Where a partial history stopped: the text and the inputs of the op that raised."""
+    info = history.info
+    if not info.is_partial:
+        return None
+    error = getattr(info, "error", None)
+    return {"text": info.failure or "the forward pass raised here", "error": error,
+            "lines": list(failure_lines(info.failure)), "parents": list(info.failed_parents)}

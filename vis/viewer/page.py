@@ -1,0 +1,185 @@
+"""One self-contained HTML page of the interactive viewer: written to a file or shown inline."""
+from __future__ import annotations
+
+import html
+import json
+import os
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING, Any
+
+from torchlog.errors import (
+    InvalidArgumentTypeError, InvalidOptionError, LogFileNotFoundError, TorchlogError,
+)
+from torchlog.vis.options import RenderOptions
+from torchlog.vis.placement import place
+from torchlog.vis.viewer.data import page_data
+
+if TYPE_CHECKING:
+    from torchlog.history import ModelHistory
+
+__all__ = ["MODES", "READABLE_NODES", "ViewerPage", "default_view", "page_html", "show", "to_html"]
+
+MODES = ("unrolled", "rolled")
+# The default depth is the deepest one that draws at most this many nodes: about what fits
+# on a laptop screen with readable text.
+READABLE_NODES = 60
+# Without an explicit mode, a history whose unrolled view stays above this many nodes even
+# with every module collapsed opens rolled (a long loop folds into a few nodes).
+MAX_UNROLLED_NODES = 1500
+NOTEBOOK_HEIGHT_PX = 640
+
+
+class ViewerPage(str):
+    """The HTML text of a viewer page; shown inline when it is a notebook cell's result.
+
+    It is a `str`; `_repr_html_` wraps it in an iframe (`srcdoc`), which JupyterLab, the
+    classic notebook and VS Code all display with no extension installed.
+    """
+
+    def _repr_html_(self) -> str:
+        return (f'<iframe srcdoc="{html.escape(str(self), quote=True)}" '
+                f'style="width: 100%; height: {NOTEBOOK_HEIGHT_PX}px; border: 1px solid #ccc" '
+                'sandbox="allow-scripts allow-downloads allow-popups"></iframe>')
+
+
+def _check_mode(mode: Any) -> None:
+    if mode is not None and (not isinstance(mode, str) or mode not in MODES):
+        raise InvalidOptionError(
+            f"mode must be 'unrolled', 'rolled' or None (choose for me), got {mode!r}")
+
+
+def _check_depth(depth: Any) -> None:
+    if depth is None:
+        return
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        raise InvalidArgumentTypeError(
+            f"depth must be an int >= 1 or None (a readable default), got {depth!r} of type "
+            f"{type(depth).__name__}")
+    if depth < 1:
+        raise InvalidOptionError(
+            f"depth must be >= 1 (1 shows each top-level module as one node) or None, got {depth!r}")
+
+
+def _check_history(history: Any) -> None:
+    from torchlog.history import ModelHistory  # vis reads histories; imported late like the API
+
+    if not isinstance(history, ModelHistory):
+        raise InvalidArgumentTypeError(
+            f"the viewer needs a torchlog ModelHistory, got {type(history).__name__}; "
+            "use torchlog.log_forward_pass(model, x) or torchlog.load('run.h5')")
+    if len(history) == 0:
+        raise TorchlogError(
+            f"{history!r} holds no ops, so there is nothing to show; check that the model's "
+            "forward ran any torch operation")
+
+
+def count_nodes(history: "ModelHistory", mode: str, depth: int | None) -> int:
+    """Nodes the graph draws at `depth` (the graphviz view's placement, buffers hidden)."""
+    return len(place(history, RenderOptions(mode=mode, nesting_depth=depth)).members)
+
+
+def default_view(history: "ModelHistory", mode: str | None, depth: int | None) -> tuple[str, int | None]:
+    """The view a page opens with: `mode` and `depth` when given, else readable choices.
+
+    The depth is the deepest that draws at most READABLE_NODES nodes (1 when even that is
+    more); None means every module expanded.
+    """
+    max_depth = max((len(r.containing_modules) for r in history), default=0)
+    if mode is None:
+        mode = "unrolled"
+        if count_nodes(history, "unrolled", 1) > MAX_UNROLLED_NODES and \
+                count_nodes(history, "rolled", 1) < count_nodes(history, "unrolled", 1):
+            mode = "rolled"
+    if depth is not None:
+        return mode, depth
+    for candidate in range(max_depth + 1, 0, -1):
+        if count_nodes(history, mode, candidate) <= READABLE_NODES:
+            return mode, None if candidate > max_depth else candidate
+    return mode, 1
+
+
+@lru_cache(maxsize=None)
+def _asset(name: str) -> str:
+    root = resources.files("torchlog.vis.viewer")
+    folder = "vendor" if name.endswith("graphviz.js") else "assets"
+    return (root / folder / name).read_text(encoding="utf-8")
+
+
+def _script_json(data: dict[str, Any]) -> str:
+    """JSON safe inside <script>: no `</script>` or `<!--` can end the element early."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def page_html(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
+              with_stats: bool = True) -> ViewerPage:
+    """The complete viewer page for `history` as one HTML string.
+
+    Raises:
+        InvalidArgumentTypeError: `history` is not a ModelHistory or `depth` not an int.
+        InvalidOptionError: `mode` is not 'unrolled', 'rolled' or None, or `depth` < 1.
+        TorchlogError: the history holds no ops.
+    """
+    _check_history(history)
+    _check_mode(mode)
+    _check_depth(depth)
+    mode, depth = default_view(history, mode, depth)
+    data = page_data(history, mode, depth, with_stats)
+    page = Template(_asset("page.html")).substitute(
+        title=html.escape(history.model_name), style=_asset("viewer.css"),
+        data=_script_json(data), graphviz=_asset("graphviz.js"), viewer=_asset("viewer.js"))
+    return ViewerPage(page)
+
+
+def _output_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentTypeError(
+            f"path must be a str or path-like, got {path!r} of type {type(path).__name__}")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise InvalidOptionError(f"path {str(path)!r} is a folder; give a file name such as "
+                                 f"{str(target / 'graph.html')!r}")
+    if not target.parent.is_dir():
+        raise LogFileNotFoundError(
+            f"cannot write the viewer to {str(path)!r}: folder {str(target.parent)!r} does not "
+            "exist; create it first or choose another path")
+    return target
+
+
+def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None = None,
+            depth: int | None = None) -> str:
+    """Write the interactive viewer of `history` to one self-contained HTML file.
+
+    The page loads nothing from the network. `mode` ('unrolled' or 'rolled') and `depth`
+    (modules this deep and deeper drawn as one node) set the view it opens with; None picks
+    a readable one. Returns the path written.
+
+    Raises:
+        LogFileNotFoundError: the folder of `path` does not exist.
+        InvalidOptionError: a bad mode or depth, or `path` is a folder.
+        InvalidArgumentTypeError: `history` is not a ModelHistory, or `path` not a path.
+        TorchlogError: the history holds no ops.
+
+    Example:
+        >>> import tempfile, os, torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.Linear(3, 2), torch.ones(1, 3))
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     written = to_html(h, os.path.join(tmp, "linear.html"))
+        ...     os.path.basename(written), os.path.getsize(written) > 100_000
+        ('linear.html', True)
+    """
+    target = _output_path(path)
+    page = page_html(history, mode, depth)
+    target.write_text(page, encoding="utf-8")
+    return str(target)
+
+
+def show(history: "ModelHistory", mode: str | None = None, depth: int | None = None) -> ViewerPage:
+    """The viewer of `history` for a notebook: display the returned page (it shows inline).
+
+    Returns the page; as the last expression of a Jupyter cell it displays itself.
+    """
+    return page_html(history, mode, depth)
