@@ -21,7 +21,7 @@ from torch import nn
 
 from torchlog.api import log_forward_pass
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, LogFileError, LogFileExistsError
-from torchlog.nesting import find_tensors
+from torchlog.capture.nesting import find_tensors
 from torchlog.selection import check_entries
 from torchlog.storage import files
 from torchlog.storage.arrays import BATCH_SIZES, LAYERS, ActivationFile, Appender

@@ -17,9 +17,9 @@ if _ROOT not in sys.path:
 def _no_leaked_capture_state():
     """Fail a test that leaves a TorchFunctionMode or logging flag behind after it ends."""
     yield
-    from torchlog import capture
+    from torchlog.capture import recorder
 
     depth = torch._C._len_torch_function_stack()
     assert depth == 0, f"{depth} TorchFunctionMode(s) still active after the test"
-    assert not getattr(getattr(capture, "_active", None), "recording", False), (
+    assert not getattr(recorder._active, "recording", False), (
         "torchlog still marks this thread as recording")

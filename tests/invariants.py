@@ -263,7 +263,7 @@ def record_module_outputs(model: torch.nn.Module, args: tuple, kwargs: dict | No
                           seed: int = 0) -> tuple[dict[str, list[list[torch.Tensor | str]]], object]:
     """Run `model` plainly under `seed` with a forward hook on every submodule.
 
-    Each hook flattens its module's output with `torchlog.nesting.find_tensors` (the order
+    Each hook flattens its module's output with `torchlog.capture.nesting.find_tensors` (the order
     torchlog uses) and clones every tensor at once, so later in-place ops cannot change
     what was seen. A parameter returned as an output is kept as its address (a str), since
     torchlog logs no pass for it.
@@ -271,7 +271,7 @@ def record_module_outputs(model: torch.nn.Module, args: tuple, kwargs: dict | No
     Returns:
         (outputs, model output): address -> one list of tensors per call, in call order.
     """
-    from torchlog.nesting import find_tensors
+    from torchlog.capture.nesting import find_tensors
 
     params = {id(p): a for a, p in model.named_parameters()}
     seen: dict[str, list[list[torch.Tensor | str]]] = {}
@@ -359,7 +359,7 @@ def check_against_plain_run(model: torch.nn.Module, args: tuple, kwargs: dict | 
         AssertionError: any of the checks fails.
     """
     import torchlog
-    from torchlog.nesting import find_tensors
+    from torchlog.capture.nesting import find_tensors
 
     plain, logged = copy.deepcopy(model), copy.deepcopy(model)
     seen, output = record_module_outputs(plain, args, kwargs, seed)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlog.raw_nodes import CaptureOptions
+from torchlog.capture.nodes import CaptureOptions
 from torchlog.errors import (
     InvalidArgumentTypeError,
     InvalidOptionError,
@@ -94,7 +94,7 @@ def _plugins() -> tuple:
     """Capture plugins for op sources beyond torch functions that this process can use."""
     if "triton" not in sys.modules:  # the model cannot launch kernels: log them at no cost
         return ()
-    from torchlog.triton_ops import log_triton_launches
+    from torchlog.capture.triton import log_triton_launches
 
     return (log_triton_launches,)
 

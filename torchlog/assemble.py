@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from torchlog.capture import Recorder
-from torchlog.raw_nodes import RawNode
+from torchlog.capture.nodes import RawNode
 from torchlog.labels import layer_label, layer_type_of, pass_label
 from torchlog.loops import group_into_layers
 from torchlog.records import LayerRecord, ModuleRecord, ParentEdge, PassRecord, PassSpan

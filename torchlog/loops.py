@@ -23,7 +23,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Sequence
 
-from torchlog.raw_nodes import RawNode
+from torchlog.capture.nodes import RawNode
 
 _UNCLAIMED = -1
 _PAIRS_TO_TRY = 8  # consecutive members of a chain examined for a repeating iteration

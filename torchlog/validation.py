@@ -25,7 +25,7 @@ from torch import nn
 from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
 from torchlog.model_state import model_kept
-from torchlog.nesting import find_tensors
+from torchlog.capture.nesting import find_tensors
 from torchlog.records import PassRecord
 from torchlog.seeding import new_seed, seeded
 

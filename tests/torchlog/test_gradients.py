@@ -12,7 +12,7 @@ from tests.invariants import ancestors
 from tests.models import TINY_MODELS, SimpleRecurrent
 from tests.torchlog.test_real_models import TORCH_CASES, TRANSFORMERS
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
-from torchlog.nesting import find_tensors
+from torchlog.capture.nesting import find_tensors
 from torchlog.seeding import seeded
 
 

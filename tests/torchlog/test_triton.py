@@ -1,4 +1,4 @@
-"""Triton kernel launches logged as ops (torchlog/triton_ops.py, triton_source.py), on the CPU interpreter."""
+"""Triton kernel launches logged as ops (torchlog/capture/triton/), on the CPU interpreter."""
 from __future__ import annotations
 
 import copy
@@ -18,8 +18,8 @@ from triton.runtime.jit import KernelInterface  # noqa: E402
 
 from tests import triton_models as tm  # noqa: E402
 from torchlog.capture import CaptureOptions, Recorder  # noqa: E402
-from torchlog.triton_ops import log_triton_launches, node_name  # noqa: E402
-from torchlog.triton_source import read_arg_access  # noqa: E402
+from torchlog.capture.triton import log_triton_launches, node_name  # noqa: E402
+from torchlog.capture.triton.source import read_arg_access  # noqa: E402
 
 _LAUNCH_SYNTAX = KernelInterface.__dict__["__getitem__"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-import torchlog
-
-_INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, torchlog))
+# torch's package and torchlog's (two levels above this file): frames there are not user code.
+_TORCHLOG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep, _TORCHLOG_DIR + os.sep)
 _internal_code: dict[Any, bool] = {}
 
 

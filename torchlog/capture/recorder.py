@@ -21,9 +21,9 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from torchlog.call_sites import call_site, name_of
-from torchlog.nesting import find_tensors
-from torchlog.raw_nodes import CaptureOptions, Failure, RawNode  # noqa: F401  (re-exported)
+from torchlog.capture.call_sites import call_site, name_of
+from torchlog.capture.nesting import find_tensors
+from torchlog.capture.nodes import CaptureOptions, Failure, RawNode  # noqa: F401  (re-exported)
 from torchlog.records import ParamInfo, TensorMeta
 
 _Tensor = torch.Tensor

@@ -10,7 +10,7 @@ import torch
 from torchlog.records import TensorMeta
 
 if TYPE_CHECKING:
-    from torchlog.capture import Recorder
+    from torchlog.capture.recorder import Recorder
 
 
 class RawNode:
