@@ -21,7 +21,7 @@ from torchlog.errors import (
 )
 from torchlog.history import ModelHistory
 from torchlog.records import LayerRecord, ModuleRecord, ParamInfo, PassRecord, TensorMeta
-from torchlog.validation import validate_saved_activations
+from torchlog.replay import validate_saved_activations
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,5 @@
+"""Replay validation: every saved activation checked by re-running the op that made it."""
+from torchlog.replay.report import ReplayProblem, ReplayReport
+from torchlog.replay.validate import find_replay_problems, validate_saved_activations
+
+__all__ = ["ReplayProblem", "ReplayReport", "find_replay_problems", "validate_saved_activations"]

@@ -1,0 +1,235 @@
+"""Replay validation: check a logged pass by re-running each op on its parents' saved values."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+# The plain run spreads input_args and puts the model's buffers back as logging does.
+from torchlog.api import log_forward_pass
+from torchlog.arguments import positional_args
+from torchlog.capture.nesting import find_tensors
+from torchlog.model_state import model_kept
+from torchlog.records import PassRecord
+from torchlog.replay.report import ReplayProblem, ReplayReport, print_report
+from torchlog.replay.rerun import perturbed, rerun, value_mismatch
+from torchlog.replay.rules import UNDEFINED_VALUES, ignores_parent_values
+from torchlog.seeding import new_seed, seeded
+
+__all__ = ["find_replay_problems", "validate_saved_activations"]
+
+_NUM_TRIES = 3  # fresh perturbations tried before concluding an output ignores a parent
+
+
+def validate_saved_activations(model: nn.Module, input_args: Any,
+                               input_kwargs: dict[str, Any] | None = None,
+                               random_seed: int | None = None, verbose: bool = False) -> bool:
+    """Log `model` and check every saved activation by replaying the op that made it.
+
+    The model runs twice with the same seed: once plainly and once logged with every
+    activation, function argument and RNG state saved. The buffers are put back after
+    each run and each run gets its own copy of the inputs, so both start from one state.
+
+    Args:
+        model: the module to check; left as it was.
+        input_args, input_kwargs: as for `log_forward_pass`.
+        random_seed: seed of both runs (random when None).
+        verbose: print each failed check (pass, check, max difference) and a summary.
+
+    Returns:
+        True when the outputs match the plain run, every op replays to its saved value
+        and every parent it lists changes its output; False otherwise.
+
+    Raises:
+        The errors of `log_forward_pass` for bad arguments, and whatever the model raises.
+
+    Random ops are replayed with the CPU RNG state recorded before them; random ops on
+    CUDA tensors are not reproduced yet and fail the replay check.
+
+    Example:
+        >>> import torch, torchlog
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+        >>> torchlog.validate_saved_activations(net, torch.randn(2, 3))
+        True
+    """
+    seed = new_seed() if random_seed is None else random_seed
+    input_kwargs = {} if input_kwargs is None else input_kwargs
+    args, kwargs = _fresh((positional_args(model, input_args), input_kwargs))
+    with seeded(seed), model_kept(list(model.named_modules())):
+        expected = model(*args, **kwargs)
+    args, kwargs = _fresh((input_args, input_kwargs))
+    history = log_forward_pass(model, args, kwargs, random_seed=seed, save_function_args=True,
+                               detach_saved_tensors=True)
+    problems = _compare_outputs(history.passes, expected)
+    report = find_replay_problems(history)
+    report.problems[:0] = problems
+    if verbose:
+        print_report(report)
+    return not report.problems
+
+
+def find_replay_problems(history: Any, check_perturbation: bool = True) -> ReplayReport:
+    """Replay every op of `history` that kept its function arguments and check it.
+
+    Two questions per op. Replay: does the op, re-run on its parents' saved values (in
+    place of the tensors it really received) and with its recorded RNG state, give back
+    its own saved value? A wrong saved value or a wrong parent link fails here. Perturb:
+    does the op's output move when one parent's values are replaced by others? A parent
+    link to a tensor the op never read fails here; `rules.ignores_parent_values` lists
+    the outputs that legitimately do not depend on a parent's values.
+
+    `history` must be logged with `save_function_args=True` and its activations saved;
+    ops without them are counted as skipped. The history is not changed.
+
+    Returns:
+        A report listing each failed replay or perturbation check.
+    """
+    passes = history.passes
+    values = {p.label: p.tensor_contents for p in passes}
+    calls = _outputs_by_call(passes, values)
+    perturbed_calls: set = set()
+    report = ReplayReport([])
+    for record in passes:
+        if not _replayable(record, values):
+            report.num_skipped += not _is_source_or_output(record)
+            continue
+        problem = _check_replay(record, values)
+        report.num_replayed += 1
+        call = _call_key(record)
+        if problem is None and check_perturbation and call not in perturbed_calls:
+            perturbed_calls.add(call)  # all outputs of one call share parents: check once
+            problem = _check_parents(record, values, calls[call], report)
+        if problem is not None:
+            report.problems.append(problem)
+    return report
+
+
+def _call_key(record: PassRecord) -> tuple[int, int]:
+    # The outputs of one call of a multi-output op share its argument tuple and dict.
+    _, args, kwargs = record.func_args
+    return id(args), id(kwargs)
+
+
+def _outputs_by_call(passes: list[PassRecord], values: dict[str, Any]) -> dict:
+    """Per call: {output_index: saved value} of every output the call returned."""
+    calls: dict[tuple[int, int], dict[int, Any]] = {}
+    for record in passes:
+        if record.func_args is not None and not _is_alias_write(record):
+            calls.setdefault(_call_key(record), {})[record.output_index] = values[record.label]
+    return calls
+
+
+def _is_alias_write(record: PassRecord) -> bool:
+    """A tensor changed through another view of its storage, recorded by capture as one
+    more output of the op that wrote the view. Its value is the whole tensor after the
+    write, which re-running the op cannot give: it is not replayed, its readers are."""
+    return "view_written_by" in record.extra
+
+
+def _is_source_or_output(record: PassRecord) -> bool:
+    return record.is_input or record.is_output or record.is_buffer or record.is_source
+
+
+# ----- preparing the two runs ------------------------------------------------------------------
+def _fresh(value: Any, clones: dict[int, torch.Tensor] | None = None) -> Any:
+    """A copy of nested inputs with every tensor cloned, so no run sees another's mutations.
+
+    A tensor passed twice is cloned once: models test `query is key` (MultiheadAttention).
+    """
+    clones = {} if clones is None else clones
+    if isinstance(value, torch.Tensor):
+        if id(value) not in clones:
+            clones[id(value)] = value.detach().clone().requires_grad_(value.requires_grad)
+        return clones[id(value)]
+    if isinstance(value, list):
+        return [_fresh(v, clones) for v in value]
+    if type(value) is tuple:
+        return tuple(_fresh(v, clones) for v in value)
+    if type(value) is dict:
+        return {k: _fresh(v, clones) for k, v in value.items()}
+    return value
+
+
+def _compare_outputs(passes: list[PassRecord], expected: Any) -> list[ReplayProblem]:
+    outputs = [p for p in passes if p.is_output]
+    wanted = [t for t, _ in find_tensors(expected)]
+    if len(outputs) != len(wanted):
+        return [ReplayProblem("outputs", "outputs",
+                              f"the log has {len(outputs)} output tensors, a plain forward "
+                              f"pass returned {len(wanted)}")]
+    problems = []
+    for record, tensor in zip(outputs, wanted):
+        mismatch = value_mismatch(record.tensor_contents, tensor.detach())
+        if mismatch is not None:
+            problems.append(ReplayProblem(
+                record.label, "outputs",
+                f"saved output differs from a plain forward pass with the same seed: {mismatch[0]}",
+                mismatch[1]))
+    return problems
+
+
+# ----- replay --------------------------------------------------------------------------------
+def _replayable(record: PassRecord, values: dict[str, Any]) -> bool:
+    if record.func_args is None or record.func_name in UNDEFINED_VALUES or _is_alias_write(record):
+        return False
+    if not isinstance(values.get(record.label), torch.Tensor):
+        return False
+    return all(isinstance(values.get(edge.label), torch.Tensor) for edge in record.parents)
+
+
+def _check_replay(record: PassRecord, values: dict[str, Any]) -> ReplayProblem | None:
+    try:
+        outputs = rerun(record, values)
+    except Exception as exc:  # the op itself failed on its saved inputs: report, go on
+        return ReplayProblem(record.label, "replay",
+                             f"re-running {record.func_name!r} on the saved parents raised "
+                             f"{type(exc).__name__}: {exc}")
+    if record.output_index >= len(outputs):
+        return ReplayProblem(record.label, "replay",
+                             f"re-running {record.func_name!r} gave {len(outputs)} tensors, "
+                             f"but this pass is output {record.output_index}")
+    mismatch = value_mismatch(values[record.label], outputs[record.output_index])
+    if mismatch is None:
+        return None
+    parents = ", ".join(record.parent_labels) or "no parents"
+    return ReplayProblem(record.label, "replay",
+                         f"{record.func_name!r} re-run on the saved values of ({parents}) does "
+                         f"not give the saved activation: {mismatch[0]}", mismatch[1])
+
+
+# ----- perturbation --------------------------------------------------------------------------
+def _check_parents(record: PassRecord, values: dict[str, Any], outputs: dict[int, Any],
+                   report: ReplayReport) -> ReplayProblem | None:
+    """Check that each parent moves some output of the call (`outputs`: index -> saved)."""
+    generator = torch.Generator().manual_seed(record.op_index)
+    for label in record.parent_labels:
+        if ignores_parent_values(record, label, values, list(outputs.values())):
+            continue
+        outcome = _moves_output(record, values, label, outputs, generator)
+        if outcome is False:
+            return ReplayProblem(record.label, "perturb",
+                                 f"{record.func_name!r} gave the same output with other values "
+                                 f"in parent {label!r}: it does not seem to read that parent")
+        report.num_perturbed += outcome is True
+    return None
+
+
+def _moves_output(record: PassRecord, values: dict[str, Any], label: str,
+                  outputs: dict[int, Any], generator: torch.Generator) -> bool | None:
+    """True if some perturbation of `label` changes an output, False if none does, None
+    when no perturbation could be made or run (the op rejects other values: indexes)."""
+    tried = False
+    for _ in range(_NUM_TRIES):
+        other = perturbed(values[label], generator)
+        if other is None:
+            break
+        try:
+            result = rerun(record, values, (label, other))
+        except Exception:  # e.g. an index out of range: this draw says nothing
+            continue
+        tried = True
+        if any(i < len(result) and value_mismatch(saved, result[i]) is not None
+               for i, saved in outputs.items()):
+            return True
+    return False if tried else None
