@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PIP := .venv/bin/pip
 
-.PHONY: demo test setup dot bench clean
+.PHONY: demo test setup dot browser bench clean
 
 .venv/.installed: setup.cfg pyproject.toml
 	python3 -m venv .venv
@@ -13,9 +13,15 @@ PIP := .venv/bin/pip
 dot:
 	@command -v dot >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null)
 
-setup: .venv/.installed dot
+# Headless Chromium for the interactive viewer's browser tests (Debian's packages; no download
+# of a browser by a test tool, which the closed network would refuse).
+browser:
+	@(command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1) || \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)
 
-demo: setup
+setup: .venv/.installed dot browser
+
+demo: .venv/.installed dot
 	$(PY) -m torchlog demo
 
 test: setup

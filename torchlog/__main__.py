@@ -1,4 +1,4 @@
-"""Command line: `python -m torchlog demo | show FILE | layers FILE | render FILE`."""
+"""Command line: `python -m torchlog demo | show FILE | layers FILE | render FILE | view FILE`."""
 from __future__ import annotations
 
 import argparse
@@ -8,15 +8,66 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchlog", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="log the built-in example model and print its history")
+    demo = commands.add_parser("demo", help="log the built-in example model, print its history "
+                               "and write its interactive viewer")
+    demo.add_argument("--html", default="torchlog_demo.html",
+                      help="where to write the viewer page (default: %(default)s)")
     _add_file_commands(commands)
+    _add_view_command(commands)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from torchlog.demo import run_demo
 
-        print(run_demo())
+        print(run_demo(args.html))
         return 0
+    if args.command == "view":
+        return _view(args)
     return _run_file_command(args)
+
+
+def _add_view_command(commands: argparse._SubParsersAction) -> None:
+    view = commands.add_parser("view", help="write the interactive viewer of a log file (run.h5) "
+                               "as one HTML file, or serve it on 127.0.0.1 with --serve")
+    view.add_argument("file")
+    view.add_argument("-o", "--output", default=None,
+                      help="HTML file to write (default: the log's name with .html)")
+    view.add_argument("--mode", choices=("unrolled", "rolled"), default=None,
+                      help="the view it opens with (default: chosen by size)")
+    view.add_argument("--depth", type=int, default=None,
+                      help="modules this deep are drawn as one node (default: readable)")
+    view.add_argument("--serve", action="store_true",
+                      help="serve the page on http://127.0.0.1 until Ctrl-C")
+    view.add_argument("--port", type=int, default=0, help="port for --serve (default: any free)")
+
+
+def _view(args: argparse.Namespace) -> int:
+    """`python -m torchlog view run.h5`: load lazily, write the page, optionally serve it."""
+    import threading
+    from pathlib import Path
+
+    import torchlog
+    from torchlog.errors import TorchlogError
+
+    output = args.output or str(Path(args.file).with_suffix(".html"))
+    try:
+        written = torchlog.load(args.file).to_html(output, args.mode, args.depth)
+    except TorchlogError as exc:
+        print(f"torchlog: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {written}")
+    if args.serve:
+        from torchlog.vis.viewer import serve_page
+
+        server = serve_page(written, args.port)
+        print(f"serving the viewer at {server.url} (Ctrl-C stops)", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            print("stopped serving")
+        finally:
+            server.shutdown()
+            server.server_close()
+    return 0
 
 
 def _add_file_commands(commands: argparse._SubParsersAction) -> None:

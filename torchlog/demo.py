@@ -1,6 +1,8 @@
 """The built-in example model that `python -m torchlog demo` logs."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -25,11 +27,17 @@ class DemoNet(nn.Module):
         return self.head(h)
 
 
-def run_demo() -> str:
-    """Log DemoNet on a random image and return the printed history."""
+def run_demo(html_path: str | None = None) -> str:
+    """Log DemoNet on a random image and return the printed history.
+
+    With `html_path`, also write the interactive viewer there and say where it is.
+    """
     import torchlog
 
     model = DemoNet().eval()
     history = torchlog.log_forward_pass(model, torch.rand(1, 3, 32, 32), random_seed=0)
     parts = [str(history), "", str(history["refine:2"]), "", str(history.layer("refine"))]
+    if html_path is not None:
+        written = Path(history.to_html(html_path)).resolve()
+        parts += ["", f"Interactive viewer written to {written} (open it in a browser)"]
     return "\n".join(parts)
