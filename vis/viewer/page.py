@@ -115,12 +115,16 @@ def _script_json(data: dict[str, Any]) -> str:
 
 
 def page_html(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
-              with_stats: bool = True) -> ViewerPage:
+              focus: str | None = None, with_stats: bool = True) -> ViewerPage:
     """The complete viewer page for `history` as one HTML string.
+
+    `focus` (any key of the history: a label, `label:pass` or module address) opens the
+    page centred on that node, with the modules around it expanded and its panel open.
 
     Raises:
         InvalidArgumentTypeError: `history` is not a ModelHistory or `depth` not an int.
         InvalidOptionError: `mode` is not 'unrolled', 'rolled' or None, or `depth` < 1.
+        LayerNotFoundError: `focus` names nothing in the history.
         TorchlogError: the history holds no ops.
     """
     _check_history(history)
@@ -128,6 +132,9 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
     _check_depth(depth)
     mode, depth = default_view(history, mode, depth)
     data = page_data(history, mode, depth, with_stats)
+    if focus is not None:
+        found = history[focus]  # raises LayerNotFoundError listing the closest labels
+        data["view"]["focus"] = found.label
     page = Template(_asset("page.html")).substitute(
         title=html.escape(history.model_name), style=_asset("viewer.css"),
         data=_script_json(data), graphviz=_asset("graphviz.js"), viewer=_asset("viewer.js"))
@@ -150,12 +157,12 @@ def _output_path(path: Any) -> Path:
 
 
 def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None = None,
-            depth: int | None = None) -> str:
+            depth: int | None = None, focus: str | None = None) -> str:
     """Write the interactive viewer of `history` to one self-contained HTML file.
 
     The page loads nothing from the network. `mode` ('unrolled' or 'rolled') and `depth`
     (modules this deep and deeper drawn as one node) set the view it opens with; None picks
-    a readable one. Returns the path written.
+    a readable one; `focus` opens it centred on one layer. Returns the path written.
 
     Raises:
         LogFileNotFoundError: the folder of `path` does not exist.
@@ -172,14 +179,15 @@ def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None =
         ('linear.html', True)
     """
     target = _output_path(path)
-    page = page_html(history, mode, depth)
+    page = page_html(history, mode, depth, focus)
     target.write_text(page, encoding="utf-8")
     return str(target)
 
 
-def show(history: "ModelHistory", mode: str | None = None, depth: int | None = None) -> ViewerPage:
+def show(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
+         focus: str | None = None) -> ViewerPage:
     """The viewer of `history` for a notebook: display the returned page (it shows inline).
 
     Returns the page; as the last expression of a Jupyter cell it displays itself.
     """
-    return page_html(history, mode, depth)
+    return page_html(history, mode, depth, focus)

@@ -44,9 +44,12 @@ def tensor_stats(value: Any) -> dict[str, Any] | None:
     }
     if finite.numel():
         lo, hi = (float(v) for v in torch.aminmax(finite))
-        std, mean = torch.std_mean(finite.double() if finite.numel() < 4096 else finite)
-        stats.update(min=lo, max=hi, mean=_short(float(mean)),
-                     std=_short(float(std)) if finite.numel() > 1 else 0.0,
+        values = finite.double() if finite.numel() < 4096 else finite
+        if values.numel() > 1:
+            std, mean = (float(v) for v in torch.std_mean(values))
+        else:
+            std, mean = 0.0, float(values[0])
+        stats.update(min=lo, max=hi, mean=_short(mean), std=_short(std),
                      hist=_histogram(finite, lo, hi))
     return stats
 

@@ -698,22 +698,31 @@
     download(new Blob([currentSvgText()], { type: "image/svg+xml" }), `${DATA.model}.svg`);
   }
 
-  function exportPng() {
-    if (!state.drawn) return;
+  // The whole graph as a PNG data URL (at most 16,000 pixels on its longer side).
+  function pngDataUrl() {
     const full = state.drawn.full || graphBox(state.drawn.svg);
     const scale = Math.min(2, 16000 / Math.max(full[2], full[3]));
-    const image = new Image();
-    image.onload = () => {
-      const canvas = document.createElement("canvas");
-      canvas.width = Math.ceil(full[2] * scale);
-      canvas.height = Math.ceil(full[3] * scale);
-      const ctx = canvas.getContext("2d");
-      ctx.fillStyle = "white";
-      ctx.fillRect(0, 0, canvas.width, canvas.height);
-      ctx.drawImage(image, 0, 0, canvas.width, canvas.height);
-      canvas.toBlob((blob) => download(blob, `${DATA.model}.png`), "image/png");
-    };
-    image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(currentSvgText());
+    return new Promise((resolve, reject) => {
+      const image = new Image();
+      image.onload = () => {
+        const canvas = document.createElement("canvas");
+        canvas.width = Math.ceil(full[2] * scale);
+        canvas.height = Math.ceil(full[3] * scale);
+        const ctx = canvas.getContext("2d");
+        ctx.fillStyle = "white";
+        ctx.fillRect(0, 0, canvas.width, canvas.height);
+        ctx.drawImage(image, 0, 0, canvas.width, canvas.height);
+        resolve(canvas.toDataURL("image/png"));
+      };
+      image.onerror = () => reject(new Error("the SVG could not be drawn on a canvas"));
+      image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(currentSvgText());
+    });
+  }
+
+  async function exportPng() {
+    if (!state.drawn) return;
+    const blob = await (await fetch(await pngDataUrl())).blob();
+    download(blob, `${DATA.model}.png`);
   }
 
   // ----- controls -------------------------------------------------------------------------------------
@@ -762,11 +771,12 @@
     graphviz = await window.torchlogGraphviz.Graphviz.load();
     await render("open");
     fit();
-    if (DATA.failure) select(FAILED_KEY);
+    if (DATA.view.focus) await goTo(DATA.view.focus);
+    else if (DATA.failure) select(FAILED_KEY);
     document.body.dataset.ready = "true";
   }
 
-  window.torchlogViewer.runSearch = runSearch;
+  Object.assign(window.torchlogViewer, { runSearch, svgText: currentSvgText, pngDataUrl });
   window.torchlogViewer.ready = start().catch((err) => {
     setStatus("could not draw the graph: " + err.message, true);
     document.body.dataset.ready = "error";

@@ -1,0 +1,262 @@
+"""The interactive viewer in a real browser (headless Chromium driven by selenium).
+
+Node counts are checked against the graphviz view's placement (`count_nodes`), which is
+Python code independent of the page's JavaScript; expanded states against a direct
+reading of the history's module chains.
+"""
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchlog
+from tests.models import Nested, SimpleRecurrent
+from tests.vis.browser import open_page, run_and_wait, start_browser, wait_for
+from torchlog.vis.viewer.page import count_nodes
+
+pytestmark = pytest.mark.browser
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "viewer-screenshots"
+
+
+@pytest.fixture(scope="module")
+def driver():
+    browser = start_browser()
+    yield browser
+    browser.quit()
+
+
+def _open(driver, history, tmp_path: Path, name: str = "page", **view) -> None:
+    open_page(driver, history.to_html(tmp_path / f"{name}.html", **view))
+
+
+def _labels(driver) -> list[str]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#torchlog-graph [data-label]')].map(g => g.dataset.label)")
+
+
+def _modules(driver) -> dict[str, str]:
+    return driver.execute_script(
+        "const out = {}; document.querySelectorAll('#torchlog-graph [data-module]')"
+        ".forEach(g => { out[g.dataset.module] = g.dataset.expanded; }); return out;")
+
+
+def _num_nodes(driver) -> int:
+    return driver.execute_script("return document.querySelectorAll('#torchlog-graph g.node').length")
+
+
+def _panel_rows(driver) -> dict[str, str]:
+    return driver.execute_script(
+        "const out = {}; document.querySelectorAll('#torchlog-panel tr').forEach(tr => {"
+        "  const [k, v] = tr.querySelectorAll('td'); if (!(k.textContent in out)) out[k.textContent] = v.textContent; });"
+        "return out;")
+
+
+def _panel_title(driver) -> str:
+    return driver.execute_script("return document.querySelector('#torchlog-panel h2')?.textContent")
+
+
+def _screenshot(driver, name: str) -> Path:
+    """Keep a picture a person can look at (build/viewer-screenshots/) and check it is one."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    return path
+
+
+def _click(driver, css: str) -> None:
+    """A real mouse click on the element (selenium), then wait for the redraw it causes."""
+    before = int(driver.execute_script("return document.body.dataset.renders"))
+    driver.find_element("css selector", css).click()
+    wait_for(driver, f"return Number(document.body.dataset.renders) > {before}")
+
+
+def _nested_history() -> torchlog.ModelHistory:
+    torch.manual_seed(0)
+    return torchlog.log_forward_pass(Nested(), torch.randn(2, 4), random_seed=0)
+
+
+def test_drawn_nodes_match_the_history_at_every_depth(driver, tmp_path):
+    history = _nested_history()
+    _open(driver, history, tmp_path, depth=1)
+    for depth in (1, 2, 3, 4):
+        if depth > 1:
+            run_and_wait(driver, f"await window.torchlogViewer.setDepth({depth});")
+        assert _num_nodes(driver) == count_nodes(history, "unrolled", depth), f"depth {depth}"
+    every = {r.label for r in history if not r.is_buffer}
+    assert set(_labels(driver)) == every  # depth 4 is below the deepest module
+    assert set(_modules(driver).values()) == {"true"}
+    assert len(_modules(driver)) == len({c for r in history for c in r.containing_modules})
+
+
+def test_click_expands_one_module_and_its_title_collapses_it(driver, tmp_path):
+    history = _nested_history()
+    _open(driver, history, tmp_path, depth=1)
+    assert _modules(driver) == {"block1:1": "false", "block2:1": "false", "head:1": "false"}
+    _click(driver, '#torchlog-graph g.node[data-module="block1:1"]')
+    assert _modules(driver) == {"block1:1": "true", "block1.inner:1": "false", "block1.norm:1": "false",
+                                "block2:1": "false", "head:1": "false"}
+    # The add between inner and norm runs in block1 itself, so it is now an op node there.
+    inside_block1 = [r.label for r in history if r.containing_modules == ("block1:1",)]
+    assert inside_block1 and set(inside_block1) <= set(_labels(driver))
+    assert "block1:1" in _panel_title(driver)
+    _click(driver, '#torchlog-graph g.cluster[data-module="block1:1"] > text')
+    assert _modules(driver) == {"block1:1": "false", "block2:1": "false", "head:1": "false"}
+    assert _num_nodes(driver) == count_nodes(history, "unrolled", 1)
+
+
+def test_clicking_a_node_shows_what_was_recorded_and_its_links_move_the_view(driver, tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    history = torchlog.log_forward_pass(model, torch.randn(3, 4), random_seed=0)
+    _open(driver, history, tmp_path)
+    driver.find_element("css selector", '#torchlog-graph [data-label="linear_1_1"]').click()
+    assert _panel_title(driver) == "linear_1_1"
+    rows = _panel_rows(driver)
+    record = history["linear_1_1"]
+    saved = record.tensor_contents
+    assert rows["function"] == "linear" and rows["shape"] == "(3, 8)" and rows["dtype"] == "float32"
+    assert rows["in modules"] == "0:1" and "0.weight (8, 4), 32" in rows["params"]
+    # nn.Sequential runs in torch, so the call site is the user's line that called the model,
+    # with its source text.
+    assert "test_viewer_browser.py:" in rows["call site"]
+    assert "history = torchlog.log_forward_pass(model, torch.randn(3, 4), random_seed=0)" in rows["call site"]
+    assert rows["parents"].startswith("input_1_0") and rows["children"] == "relu_1_2"
+    assert float(rows["max"]) == pytest.approx(saved.max().item(), rel=1e-4)
+    assert float(rows["min"]) == pytest.approx(saved.min().item(), rel=1e-4)
+    assert float(rows["mean"]) == pytest.approx(saved.mean().item(), rel=1e-3, abs=1e-6)
+    assert rows["NaN"] == "0" and rows["Inf"] == "0" and rows["elements"] == "24"
+    assert driver.execute_script("return document.querySelectorAll('#torchlog-panel svg.hist rect').length") == 24
+    driver.find_element("css selector", '#torchlog-panel a[data-goto="relu_1_2"]').click()
+    wait_for(driver, "return document.querySelector('#torchlog-panel h2').textContent === 'relu_1_2'")
+    selected = driver.execute_script(
+        "return document.querySelector('#torchlog-graph g.torchlog-selected').dataset.label")
+    assert selected == "relu_1_2"
+
+
+def test_search_expands_the_modules_around_a_label_and_centres_it(driver, tmp_path):
+    history = _nested_history()
+    _open(driver, history, tmp_path, depth=1)
+    target = next(r.label for r in history if r.containing_modules[:1] == ("block2.inner:1",)
+                  and r.layer_type == "relu")
+    box = driver.find_element("css selector", "#torchlog-search")
+    box.send_keys(target + "\n")
+    wait_for(driver, f"return document.querySelector('#torchlog-panel h2')?.textContent === {target!r}")
+    assert _modules(driver)["block2.inner:1"] == "true" and _modules(driver)["block1:1"] == "false"
+    hit = driver.execute_script(f"return document.querySelector('[data-label=\"{target}\"]').classList.contains('torchlog-hit')")
+    assert hit
+    # Centred: the node's centre is near the middle of the graph area.
+    offset = driver.execute_script(
+        f"const r = document.querySelector('[data-label=\"{target}\"]').getBoundingClientRect();"
+        "const g = document.getElementById('torchlog-graph').getBoundingClientRect();"
+        "return [Math.abs(r.x + r.width / 2 - g.x - g.width / 2), Math.abs(r.y + r.height / 2 - g.y - g.height / 2)];")
+    assert offset[0] < 20 and offset[1] < 20
+    box.clear()
+    box.send_keys("block1.norm\n")
+    wait_for(driver, "return document.querySelector('#torchlog-panel h2')?.textContent === 'block1.norm:1'")
+    assert "block1.norm:1" in _modules(driver)
+
+
+def test_recurrent_model_rolled_and_unrolled(driver, tmp_path):
+    history = torchlog.log_forward_pass(SimpleRecurrent(), torch.randn(1, 5), random_seed=0)
+    _open(driver, history, tmp_path, mode="rolled", depth=None)
+    assert sorted(_labels(driver)) == sorted(l.label for l in history.layers)
+    text = driver.execute_script("return document.querySelector('#torchlog-graph svg').textContent")
+    for expected in ("linear_1_1 (x4)", "mul_1_3 (x4)", "Out 1-3", "In 2-4", "fc (Linear) x4"):
+        assert expected in text
+    driver.find_element("css selector", '[data-label="add_1_2"]').click()
+    passes = driver.execute_script("return document.querySelectorAll('#torchlog-panel details').length")
+    assert _panel_title(driver) == "add_1_2 (x4)" and passes == 4
+    run_and_wait(driver, "await window.torchlogViewer.setMode('unrolled');")
+    assert sorted(_labels(driver)) == sorted(history.layer_labels)
+    assert _num_nodes(driver) == count_nodes(history, "unrolled", None)
+    _screenshot(driver, "simple_recurrent_unrolled")
+
+
+class _Broken(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_partial_history_opens_with_the_failing_op_in_red(driver, tmp_path):
+    with pytest.raises(RuntimeError) as caught:
+        torchlog.log_forward_pass(_Broken(), torch.randn(2, 4))
+    history = caught.value.torchlog_history
+    _open(driver, history, tmp_path)
+    assert _num_nodes(driver) == count_nodes(history, "unrolled", None) + 1
+    fill = driver.execute_script(
+        "return document.querySelector('g.node[data-failed] polygon').getAttribute('fill')")
+    assert fill.lower() == "#e03030"
+    panel = driver.find_element("id", "torchlog-panel").text
+    assert "forward pass failed" in panel and history.info.failure in panel
+    assert "relu_1_2" in panel  # the input of the op that raised, as a link
+    _screenshot(driver, "partial_history")
+
+
+def test_nan_and_inf_values_render_with_their_counts(driver, tmp_path):
+    class Bad(nn.Module):
+        def forward(self, x):
+            return torch.log(x) * 2
+
+    history = torchlog.log_forward_pass(Bad(), torch.tensor([[-1.0, 0.0, 1.0, 2.0]]))
+    _open(driver, history, tmp_path)
+    driver.find_element("css selector", '[data-label="log_1_1"]').click()
+    rows = _panel_rows(driver)
+    assert rows["NaN"] == "1" and rows["Inf"] == "1" and float(rows["max"]) == pytest.approx(0.693147, rel=1e-5)
+
+
+def test_export_gives_the_drawn_graph_as_svg_and_png(driver, tmp_path):
+    history = _nested_history()
+    _open(driver, history, tmp_path, depth=2)
+    svg = driver.execute_script("return window.torchlogViewer.svgText()")
+    assert svg.startswith("<svg") and svg.count('class="node"') == count_nodes(history, "unrolled", 2)
+    url = driver.execute_async_script(
+        "const done = arguments[0]; window.torchlogViewer.pngDataUrl().then(done, e => done(String(e)));")
+    png = base64.b64decode(url.split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
+
+
+def test_notebook_iframe_shows_the_same_viewer(driver, tmp_path):
+    history = _nested_history()
+    host = tmp_path / "notebook.html"
+    host.write_text("<html><body>" + history.show(depth=2)._repr_html_() + "</body></html>", encoding="utf-8")
+    driver.get(host.as_uri())
+    driver.switch_to.frame(driver.find_element("tag name", "iframe"))
+    try:
+        wait_for(driver, "return document.body && document.body.dataset.ready")
+        assert _num_nodes(driver) == count_nodes(history, "unrolled", 2)
+    finally:
+        driver.switch_to.default_content()
+
+
+@pytest.mark.heavy
+def test_transformers_gpt2_from_blocks_down_to_attention(driver, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
+                        bos_token_id=99, eos_token_id=99, attn_implementation="eager")
+    model = GPT2LMHeadModel(config).eval()
+    history = torchlog.log_forward_pass(model, torch.randint(0, 100, (1, 12)), random_seed=0)
+    _open(driver, history, tmp_path)
+    state = driver.execute_script("return [window.torchlogViewer.state.mode, window.torchlogViewer.state.depth]")
+    assert state[0] == "unrolled"
+    assert _num_nodes(driver) == count_nodes(history, "unrolled", state[1])
+    assert any(m.startswith("transformer.h.0") for m in _modules(driver))
+    _screenshot(driver, "gpt2_default_depth")
+    softmax = next(r.label for r in history if r.func_name == "softmax")
+    driver.find_element("css selector", "#torchlog-search").send_keys("softmax\n")
+    wait_for(driver, f"return document.querySelector('#torchlog-panel h2')?.textContent === {softmax!r}")
+    assert _modules(driver)["transformer.h.0.attn:1"] == "true"
+    _screenshot(driver, "gpt2_attention_softmax")
+    run_and_wait(driver, "await window.torchlogViewer.setDepth(100);")
+    assert _num_nodes(driver) == count_nodes(history, "unrolled", None)
