@@ -49,12 +49,12 @@ def main() -> None:
     print(f"{'model':<16}{'ops':>8}{'layers':>8}{'group s':>10}{'s / 1k ops':>12}")
     for cls in (LoopModel, ParamFreeChain):
         for steps in (50, 200, 400, 800):
-            recorder, _ = run_captured(cls(steps), (torch.rand(2, 8),), {},
-                                       CaptureOptions(save_all=False, save_indices=frozenset()))
+            captured = run_captured(cls(steps), (torch.rand(2, 8),), {},
+                                    CaptureOptions(save_all=False, save_indices=frozenset()))
             start = time.perf_counter()
-            layers = group_into_layers(recorder.nodes)
+            layers = group_into_layers(captured.nodes)
             elapsed = time.perf_counter() - start
-            n = len(recorder.nodes)
+            n = len(captured.nodes)
             print(f"{cls.__name__:<16}{n:>8}{len(layers):>8}{elapsed:>10.3f}{elapsed / n * 1000:>12.4f}")
 
 

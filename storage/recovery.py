@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import h5py
-from torch import nn
 
 from torchlog.assemble import assemble
-from torchlog.capture import CaptureOptions, RawNode, Recorder
+from torchlog.capture.captured import CapturedPass
+from torchlog.capture.nodes import RawNode
 from torchlog.history import ModelHistory, RunInfo
 from torchlog.records import LazyTensor, ParamInfo, TensorMeta
 from torchlog.storage.format import ACTIVATIONS, NODE_LOG, dtype_from_name, dtype_name
 from torchlog.storage.lazy import StoredTensor, StoredValue
 from torchlog.storage.metadata import decode, encode
 from torchlog.storage.values import set_text_attrs
+
+__all__ = ["NODES_ATTR", "NodeLog", "rebuild"]
 
 NODES_ATTR = "nodes"
 _MAX_ATTR_BYTES = 60_000  # HDF5 keeps attributes in the object header, which holds 64 KiB
@@ -33,19 +36,20 @@ class NodeLog:
 
     def __init__(self, file: h5py.File) -> None:
         self._file = file
+        self._nodes: Sequence[RawNode] | None = None  # the node list of the pass being tagged
         self._num_written = 0
 
-    def restart(self) -> None:
-        """Start again from node 0 (a new forward pass)."""
-        self._num_written = 0
+    def tag(self, obj: h5py.HLObject, nodes: Sequence[RawNode], index: int) -> None:
+        """Store `nodes` up to and including `index` with `obj`, the activation of node `index`.
 
-    def tag(self, obj: h5py.HLObject, recorder: Recorder, index: int) -> None:
-        """Store nodes up to and including `index` with `obj`, the activation of node `index`.
-
-        Nodes too many for an attribute go to the dataset NODE_LOG/<index> instead.
+        `nodes` is capture's node list of the running pass; another list means another
+        pass, which starts again from node 0. Nodes too many for an attribute go to the
+        dataset NODE_LOG/<index> instead.
         """
-        nodes = recorder.nodes[self._num_written:index + 1]
-        text = json.dumps([self._node_dict(n) for n in nodes], separators=(",", ":"))
+        if nodes is not self._nodes:
+            self._nodes, self._num_written = nodes, 0
+        new = nodes[self._num_written:index + 1]
+        text = json.dumps([self._node_dict(n) for n in new], separators=(",", ":"))
         if len(text) > _MAX_ATTR_BYTES:
             spill = self._file.require_group(NODE_LOG)
             spill.create_dataset(str(index), data=text, dtype=h5py.string_dtype())
@@ -87,12 +91,9 @@ def rebuild(file: h5py.File, path: str, failure: str,
     stored, log_id = file[ACTIVATIONS], str(file.attrs.get("log_id", ""))
     for node, entry in zip(nodes, entries):
         node.saved = _stored(stored, os.path.abspath(path), log_id, str(node.index), entry["shares"])
-    # A fresh recorder of an empty model, holding the logged nodes: assembled like any
-    # finished pass, without module records (the model's modules are not in the log).
-    empty = nn.Module()
-    recorder = Recorder(empty, CaptureOptions())
-    recorder.nodes = nodes
-    built = assemble(recorder, empty)
+    # Assembled like any finished pass, without module records: the log holds no module
+    # table, and module calls were written with the metadata that never came.
+    built = assemble(CapturedPass(tuple(nodes), module_calls={}, call_outputs={}))
     info = RunInfo(model_name=str(file.attrs.get("model_name", "unknown model")),
                    random_seed=int(file.attrs.get("random_seed", 0)), elapsed_s=0.0,
                    num_modules=0, is_partial=True, failure=failure)

@@ -1,25 +1,24 @@
 """Writing a log file: streamed while the forward pass runs, or from a finished history.
 
-Streaming writes each activation synchronously as capture saves it (the copy is freed as
-soon as it is on disk, so memory stays bounded by one activation), tags it with the ops
-seen since the previous one (recovery.py) and flushes, so a process killed at any point
+Streaming writes each activation synchronously as capture hands it to the sink (the copy is
+freed as soon as it is on disk, so memory stays bounded by one activation), tags it with the
+ops seen since the previous one (recovery.py) and flushes, so a process killed at any point
 leaves a file that opens. The metadata and the status 'complete' are written only once
 the history is finished.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import h5py
 import torch
 
-from torchlog.capture import Recorder
+from torchlog.capture.nodes import RawNode
 from torchlog.errors import IncompleteLogWarning, InvalidArgumentTypeError, LogFileError
 from torchlog.history import ModelHistory
 from torchlog.records import LazyTensor, PassRecord
@@ -75,8 +74,6 @@ class LogWriter:
         self._streaming = streaming
         self._file: h5py.File | None = None
         self._node_log: NodeLog | None = None
-        self._recorder: Recorder | None = None  # of the pass running now
-        self._untagged: list[tuple[h5py.HLObject, int]] = []  # activations awaiting their nodes
         self._gradients = GradientFile(self._abspath, self.log_id, self.options)
 
     def describe_run(self, model_name: str, random_seed: int) -> None:
@@ -98,25 +95,10 @@ class LogWriter:
         return self._file
 
     # ----- streaming ------------------------------------------------------------------------
-    def attach(self, recorder: Recorder) -> contextlib.AbstractContextManager:
-        """Capture plugin: follow the recorder of the pass that starts, until it ends."""
-        return self._following(recorder)
+    def sink(self, nodes: Sequence[RawNode], index: int, value: Any) -> Any:
+        """Capture sink (torchlog.capture.ActivationSink): write the activation of `nodes[index]`.
 
-    @contextlib.contextmanager
-    def _following(self, recorder: Recorder) -> Iterator[None]:
-        self._recorder = recorder
-        if self._node_log is not None:
-            self._node_log.restart()  # the pass before (choosing layers_to_save) saved nothing
-            for obj, index in self._untagged:  # inputs: saved before plugins are entered
-                self._node_log.tag(obj, recorder, index)
-        self._untagged.clear()
-        try:
-            yield
-        finally:
-            self._recorder = None
-
-    def sink(self, index: int, value: Any) -> Any:
-        """Capture sink: write the activation of node `index`; return its lazy stand-in.
+        Returns its lazy stand-in, which the node keeps instead of the value.
 
         Raises:
             InvalidArgumentTypeError: activation_postfunc returned a value that cannot
@@ -130,10 +112,7 @@ class LogWriter:
             self.error = self.error or exc
             raise
         if self._node_log is not None:
-            if self._recorder is None:
-                self._untagged.append((obj, index))
-            else:
-                self._node_log.tag(obj, self._recorder, index)
+            self._node_log.tag(obj, nodes, index)
         file.flush()  # what is flushed survives the process being killed
         return _lazy(self._abspath, self.log_id, f"{ACTIVATIONS}/{name}", value)
 

@@ -17,9 +17,9 @@ if _ROOT not in sys.path:
 def _no_leaked_capture_state():
     """Fail a test that leaves a TorchFunctionMode or logging flag behind after it ends."""
     yield
-    from torchlog.capture import recorder
+    from torchlog.capture import run
 
     depth = torch._C._len_torch_function_stack()
     assert depth == 0, f"{depth} TorchFunctionMode(s) still active after the test"
-    assert not getattr(recorder._active, "recording", False), (
+    assert not getattr(run._active, "recording", False), (
         "torchlog still marks this thread as recording")

@@ -12,7 +12,7 @@ from torch import nn
 
 from torchlog.arguments import Request, check_render_options, validate
 from torchlog.assemble import assemble
-from torchlog.capture import Recorder, run_captured
+from torchlog.capture import CapturedPass, Failure, run_captured
 from torchlog.errors import (
     CompiledModelWarning,
     InvalidArgumentTypeError,
@@ -152,7 +152,6 @@ def _open_log_file(save_to: Any, overwrite: Any, request: Request) -> Any:
     writer = LogWriter(save_to, overwrite)
     writer.describe_run(type(request.model).__name__, request.seed)
     request.options.sink = writer.sink
-    request.options.plugins = request.options.plugins + (writer.attach,)
     return writer
 
 
@@ -181,30 +180,22 @@ def _reached(partial: ModelHistory, entries: list) -> set[int]:
 def _run(request: Request, started: float, prune: bool,
          expected: ModelHistory | None = None, on_error: str | None = None,
          gradient_sink: Callable | None = None) -> ModelHistory:
+    """One captured pass built into a history; re-raises what forward raised (see _partial)."""
     store = _hook_gradients(request, gradient_sink)
     with seeded(request.seed), model_kept(request.named_modules), eager_submodules(request.named_modules):
+        # KeyboardInterrupt and SystemExit leave at once, unchanged; Exceptions come back.
+        captured = run_captured(request.model, request.args, request.kwargs, request.options,
+                                request.named_modules)
+    if captured.failure is not None:
+        history = _partial(request, captured, started, prune, store)
+        if (on_error or request.on_error) == "return":
+            return history
+        error, captured = captured.failure.error, None
         try:
-            recorder, _ = run_captured(request.model, request.args, request.kwargs, request.options,
-                                       request.named_modules)
-        except Exception as exc:
-            recorder = getattr(exc, "torchlog_recorder", None)
-            if recorder is None:
-                raise
-            del exc.torchlog_recorder
-            bad_input = _input_error(request, recorder, exc)
-            if bad_input is not None:
-                raise bad_input from exc
-            history = _build(request, recorder, started, prune, exc, store)
-            exc.torchlog_history = history
-            exc.add_note(_failure_note(history))
-            if (on_error or request.on_error) == "return":
-                return history
-            raise
-        except BaseException as exc:  # KeyboardInterrupt, SystemExit: stop at once, unchanged
-            if hasattr(exc, "__dict__"):
-                exc.__dict__.pop("torchlog_recorder", None)  # it would keep every tensor alive
-            raise
-    history = _build(request, recorder, started, prune, None, store)
+            raise error  # the model's own exception, its traceback intact
+        finally:
+            del error  # the traceback keeps this frame: it must not keep the error in turn
+    history = _build(request, captured, started, prune, store)
     if expected is not None and [p.func_name for p in expected] != [p.func_name for p in _all(history)]:
         raise NondeterministicModelError(
             f"{history.model_name} ran different ops on two passes with random seed "
@@ -213,9 +204,27 @@ def _run(request: Request, started: float, prune: bool,
     return history
 
 
-def _input_error(request: Request, recorder: Recorder, exc: Exception) -> ModelInputError | None:
+def _partial(request: Request, captured: CapturedPass, started: float, prune: bool,
+             store: GradientStore | None) -> ModelHistory:
+    """The partial history of a pass whose forward raised, set on the error with a note.
+
+    Raises:
+        ModelInputError: forward's first op rejected a non-tensor input; chained to the
+            model's TypeError, which then carries no history.
+    """
+    error = captured.failure.error
+    bad_input = _input_error(request, captured, error)
+    if bad_input is not None:
+        raise bad_input from error
+    history = _build(request, captured, started, prune, store)
+    error.torchlog_history = history
+    error.add_note(_failure_note(history))
+    return history
+
+
+def _input_error(request: Request, captured: CapturedPass, exc: Exception) -> ModelInputError | None:
     """A ModelInputError when forward's first op rejected a non-tensor input, else None."""
-    if not isinstance(exc, TypeError) or any(node.kind == "op" for node in recorder.nodes):
+    if not isinstance(exc, TypeError) or any(node.kind == "op" for node in captured.nodes):
         return None
     odd = [value for value in (*request.args, *request.kwargs.values())
            if not isinstance(value, torch.Tensor)]
@@ -239,9 +248,9 @@ def _hook_gradients(request: Request, sink: Callable | None) -> GradientStore | 
     return store
 
 
-def _build(request: Request, recorder: Recorder, started: float, prune: bool,
-           error: BaseException | None, store: GradientStore | None = None) -> ModelHistory:
-    built = assemble(recorder, request.model)
+def _build(request: Request, captured: CapturedPass, started: float, prune: bool,
+           store: GradientStore | None = None) -> ModelHistory:
+    built = assemble(captured)
     passes = built.passes
     if prune:
         passes = [p for p in passes if p.saved is not None]
@@ -255,22 +264,21 @@ def _build(request: Request, recorder: Recorder, started: float, prune: bool,
     if store is not None:
         store.attach(passes)  # pruned passes get no gradient
         info.extra[HOOKED_KEY] = store.num_hooked
-    if error is not None:
+    if captured.failure is not None:
         info.is_partial = True
-        info.failure, info.failed_parents = _describe_failure(recorder, built.passes, error)
+        info.failure, info.failed_parents = _describe_failure(captured.failure, built.passes)
     return ModelHistory(passes, built.layers, built.modules, info)
 
 
-def _describe_failure(recorder: Recorder, passes: list, error: BaseException) -> tuple[str, tuple]:
-    failure = recorder.failure
+def _describe_failure(failure: Failure, passes: list) -> tuple[str, tuple]:
+    """The run's failure text, and the labels of the passes the failing op received."""
     last = passes[-1].label if passes else "nothing"
-    if failure is not None:
-        where = _module_text(failure.module_path)
+    where = _module_text(failure.module_path)
+    error = type(failure.error).__name__
+    if failure.func_name is not None:
         parents = tuple(passes[i].label for i in failure.parent_nodes)
-        return (f"op {failure.func_name!r} {where} raised {type(error).__name__} "
-                f"(last op logged: {last})", parents)
-    where = _module_text(recorder.error_stack or ())
-    return f"{type(error).__name__} raised by Python code {where} (last op logged: {last})", ()
+        return f"op {failure.func_name!r} {where} raised {error} (last op logged: {last})", parents
+    return f"{error} raised by Python code {where} (last op logged: {last})", ()
 
 
 def _module_text(module_path: tuple) -> str:

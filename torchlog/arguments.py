@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlog.capture.nodes import CaptureOptions
+from torchlog.capture.options import CaptureOptions
 from torchlog.errors import (
     InvalidArgumentTypeError,
     InvalidOptionError,

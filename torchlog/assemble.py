@@ -1,18 +1,18 @@
-"""Turning a recorder's raw nodes into labelled pass, layer and module records."""
+"""Assembly: turning a CapturedPass into labelled pass, layer and module records."""
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
-from torch import nn
-
-from torchlog.capture import Recorder
+from torchlog.capture.captured import CapturedPass
 from torchlog.capture.nodes import RawNode
 from torchlog.labels import layer_label, layer_type_of, pass_label
 from torchlog.loops import group_into_layers
 from torchlog.records import LayerRecord, ModuleRecord, ParentEdge, PassRecord, PassSpan
 
 _SOURCE_TYPES = {"input": "input", "output": "output", "buffer": "buffer", "source": "tensor"}
+
+__all__ = ["Assembled", "assemble"]
 
 
 @dataclass(slots=True)
@@ -24,16 +24,19 @@ class Assembled:
     modules: dict[str, ModuleRecord]  # address -> record, in model order
 
 
-def assemble(recorder: Recorder, model: nn.Module) -> Assembled:
-    """Label every node, group passes into layers and summarise modules."""
-    nodes = recorder.nodes
+def assemble(captured: CapturedPass) -> Assembled:
+    """Label every node, group passes into layers and summarise modules.
+
+    Reads `captured` only; its nodes' saved values become the records' (not copied).
+    """
+    nodes = captured.nodes
     groups = group_into_layers(nodes)
     labels = _label_nodes(nodes, groups)
     module_texts: dict[int, tuple[str, ...]] = {}  # consecutive ops share one module path
     passes = [_pass_record(node, labels, module_texts) for node in nodes]
     by_label = {p.label: p for p in passes}
     layers = [_layer_record(members, passes, by_label) for members in groups]
-    modules = _module_records(model, recorder, labels)
+    modules = _module_records(captured, labels)
     return Assembled(passes, layers, modules)
 
 
@@ -129,36 +132,28 @@ def _layer_record(members: list[int], passes: list[PassRecord],
     )
 
 
-def _module_records(model: nn.Module, recorder: Recorder, labels: list) -> dict[str, ModuleRecord]:
-    calls = recorder.module_calls
-    outputs = {call: [labels[i][0] for i in nodes] for call, nodes in recorder.call_outputs.items()}
+def _module_records(captured: CapturedPass, labels: list) -> dict[str, ModuleRecord]:
+    calls = captured.module_calls
+    outputs = {call: [labels[i][0] for i in nodes] for call, nodes in captured.call_outputs.items()}
     inside: dict[tuple[str, int], list[str]] = defaultdict(list)
     last_path: tuple = ()
     lists: list = []
-    for node in recorder.nodes:
+    for node in captured.nodes:
         if node.module_path is not last_path:  # consecutive ops share one path tuple
             last_path = node.module_path
             lists = [inside[call] for call in last_path]
         label = labels[node.index][0]
         for members in lists:
             members.append(label)
-    named = recorder.named_modules
-    num_params: dict[str, int] = {}
-    for address, module in reversed(named):  # children come after their parent
-        own = sum(p.numel() for p in module._parameters.values() if p is not None)
-        num_params[address] = own + sum(num_params.get(f"{address}.{c}" if address else c, 0)
-                                        for c in module._modules)
     records: dict[str, ModuleRecord] = {}
-    for address, module in named:
-        if not address:
-            continue
+    for module in captured.modules:
+        address = module.address
         n = calls.get(address, 0)
         records[address] = ModuleRecord(
             address=address,
-            type_name=type(module).__name__,
-            num_params=num_params[address],
-            children=tuple(f"{address}.{name}" for name, child in module._modules.items()
-                           if child is not None),
+            type_name=module.type_name,
+            num_params=module.num_params,
+            children=module.children,
             call_outputs=tuple(tuple(outputs.get((address, k), ())) for k in range(1, n + 1)),
             call_layers=tuple(tuple(inside[(address, k)]) for k in range(1, n + 1)),
         )

@@ -1,5 +1,10 @@
-"""Recording one forward pass op by op: the recorder, its raw nodes, and its plugins."""
-from torchlog.capture.nodes import CaptureOptions, Failure, RawNode
-from torchlog.capture.recorder import Recorder, run_captured
+"""Recording one forward pass op by op and handing it on as a plain CapturedPass."""
+from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
+from torchlog.capture.nodes import RawNode
+from torchlog.capture.options import CaptureOptions, Plugin
+from torchlog.capture.recorder import Recorder
+from torchlog.capture.run import run_captured
+from torchlog.capture.sink import ActivationSink
 
-__all__ = ["CaptureOptions", "Failure", "RawNode", "Recorder", "run_captured"]
+__all__ = ["ActivationSink", "CaptureOptions", "CapturedPass", "Failure", "ModuleInfo", "Plugin",
+           "RawNode", "Recorder", "run_captured"]

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["call_site", "name_of"]
+
 # torch's package and torchlog's (two levels above this file): frames there are not user code.
 _TORCHLOG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep, _TORCHLOG_DIR + os.sep)
@@ -33,6 +35,7 @@ def call_site() -> tuple | None:
 
 
 def name_of(func: Any) -> str:
+    """The op name of a torch function, method or property getter (`add`, `__add__`, `T`)."""
     name = getattr(func, "__name__", None)
     if name in ("__get__", "__set__"):  # property access such as `x.T`
         owner = getattr(func, "__self__", None)

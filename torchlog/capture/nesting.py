@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["find_tensors"]
+
 _Tensor = torch.Tensor
 
 
@@ -35,8 +37,3 @@ def _walk(obj: Any, path: tuple, found: list, depth: int) -> None:
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             _walk(getattr(obj, f.name, None), path + (f.name,), found, depth + 1)
-
-
-def contains_tensor(obj: Any) -> bool:
-    """True when `obj` is or holds at least one tensor."""
-    return bool(find_tensors(obj))

@@ -1,20 +1,21 @@
-"""What capture keeps per op before labels exist: raw nodes, capture options, failure info."""
+"""What capture keeps per op before labels exist: the raw node."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from torchlog.records import TensorMeta
 
-if TYPE_CHECKING:
-    from torchlog.capture.recorder import Recorder
+__all__ = ["RawNode"]
 
 
 class RawNode:
-    """One node while capturing; turned into a PassRecord once the pass is over."""
+    """One node while capturing; turned into a PassRecord once the pass is over.
+
+    Plain data: capture fills it in while the op runs, and after the pass only
+    assembly (and storage's crash log) reads it.
+    """
 
     __slots__ = (
         "index", "kind", "func_name", "parents", "children", "params", "module_path",
@@ -43,33 +44,5 @@ class RawNode:
         self.func_args: Any = None
         self.rng_state: torch.Tensor | None = None
         self.extra: dict | None = None
-        self.site: tuple | None = None  # (code object, line) of the user code that called the op
-
-
-@dataclass(slots=True)
-class Failure:
-    """Where the forward pass raised, for notes and partial histories."""
-
-    func_name: str | None  # the op that raised, or None when user code raised
-    module_path: tuple  # module stack at the failure
-    parent_nodes: tuple[int, ...]  # logged tensors the failing op received
-
-
-@dataclass(slots=True)
-class CaptureOptions:
-    """What to keep per op; set by the public API after validation."""
-
-    save_all: bool = True
-    save_indices: frozenset[int] | None = None  # node indexes to save when not save_all
-    detach: bool = False
-    output_device: torch.device | None = None
-    postfunc: Callable[[torch.Tensor], Any] | None = None
-    save_function_args: bool = False
-    # Called with (node index, saved copy) as each activation is saved; returns what the
-    # node keeps instead (a LazyTensor when streaming to disk). Used by torchlog.storage.
-    sink: Callable[[int, Any], Any] | None = None
-    # Context-manager factories entered around the forward pass with the recorder, for
-    # op sources outside torch functions (Triton kernel launches).
-    plugins: tuple[Callable[["Recorder"], Any], ...] = ()
-    # Called with (node, tensor) for every new node, e.g. to register gradient hooks.
-    on_node: Callable[[RawNode, torch.Tensor], None] | None = None
+        # (call site of the op, call sites of its enclosing modules); each (code, offset, line)
+        self.site: tuple | None = None

@@ -1,30 +1,24 @@
-"""Recording every tensor op of one forward pass: the only module that touches torch state.
-
-One `TorchFunctionMode` sees each torch function, Tensor method and operator called
-by Python code in this thread; two global module hooks (filtered to this model and
-thread) mark module boundaries. Per op
-we do the least we can (find parents, time the call, save a copy); labels, loop
-grouping and module summaries are computed afterwards from the raw nodes.
-"""
+"""The recorder: what capture does per op and at each module boundary of one forward pass."""
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter_ns
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.overrides import TorchFunctionMode
 
 from torchlog.capture.call_sites import call_site, name_of
+from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
 from torchlog.capture.nesting import find_tensors
-from torchlog.capture.nodes import CaptureOptions, Failure, RawNode  # noqa: F401  (re-exported)
+from torchlog.capture.nodes import RawNode
+from torchlog.capture.options import CaptureOptions
 from torchlog.records import ParamInfo, TensorMeta
+
+__all__ = ["Recorder"]
 
 _Tensor = torch.Tensor
 _SETITEM = _Tensor.__setitem__
@@ -43,7 +37,6 @@ _INPLACE_DUNDERS = frozenset(
     f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
                             "and", "or", "xor", "lshift", "rshift")
 )
-_active = threading.local()
 
 
 class _TensorRef(weakref.ref):
@@ -67,7 +60,14 @@ def _version(t: torch.Tensor) -> int:
 
 
 class Recorder:
-    """Collects raw nodes for one forward pass of one model in one thread."""
+    """Collects raw nodes for one forward pass of one model in one thread.
+
+    Fed by the capture mode (`on_op`, once per torch call) and the module hooks
+    (`pre_hook`/`post_hook`); plugins add ops of their own with `record_external` and
+    `note_failure`. Per op it does the least it can (find parents, time the call, save a
+    copy); labels, loop grouping and module summaries wait for assembly. `finish` hands
+    over the result as a CapturedPass.
+    """
 
     def __init__(self, model: nn.Module, options: CaptureOptions,
                  named_modules: list | None = None) -> None:
@@ -94,8 +94,8 @@ class Recorder:
             for name, b in module._buffers.items():
                 if b is not None:
                     self.buffer_addresses.setdefault(id(b), prefix + name)
-        self.failure: Failure | None = None
-        self.error_stack: tuple | None = None
+        self._failed_op: tuple[str, tuple, tuple[int, ...]] | None = None  # (name, stack, parents)
+        self._error_stack: tuple | None = None  # the deepest module stack an exception left
         self._funcs: dict[Any, tuple[str, bool, bool]] = {}  # function -> _describe(function)
         self._call_count = 0
         self._forget = self._make_forget()
@@ -139,12 +139,12 @@ class Recorder:
         if opts.save_all or node.index in opts.save_indices:
             if opts.sink is not None and opts.postfunc is None and opts.output_device is None:
                 # The sink writes the values before returning: no copy needed.
-                node.saved = opts.sink(node.index, t.detach())
+                node.saved = opts.sink(self.nodes, node.index, t.detach())
                 return
-            saved = self.copy_for_saving(t)
-            node.saved = saved if opts.sink is None else opts.sink(node.index, saved)
+            saved = self._copy_for_saving(t)
+            node.saved = saved if opts.sink is None else opts.sink(self.nodes, node.index, saved)
 
-    def copy_for_saving(self, t: torch.Tensor) -> Any:
+    def _copy_for_saving(self, t: torch.Tensor) -> Any:
         """A copy of `t` that later in-place ops cannot change, post-processed and moved."""
         opts = self.options
         if opts.postfunc is not None:
@@ -307,11 +307,12 @@ class Recorder:
 
     def record_external(self, name: str, inputs: list[tuple[torch.Tensor, Any]],
                         outputs: list[torch.Tensor], elapsed_ns: int = 0,
-                        extra: dict | None = None) -> list[RawNode]:
+                        extra: dict | None = None, inplace: Sequence[bool] = ()) -> list[RawNode]:
         """Record an op that is not a torch function (a Triton kernel launch).
 
         `inputs` are (tensor, argument slot) pairs; `outputs` the tensors the op wrote,
-        which from now on have this op as their producer. Returns the new nodes.
+        which from now on have this op as their producer; `inplace[i]` says whether the
+        op also read `outputs[i]` (missing entries: False). Returns the new nodes.
         """
         with torch._C.DisableTorchFunction():
             parents: list = []
@@ -325,14 +326,26 @@ class Recorder:
                                       self._call_count)
                 node.elapsed_ns = elapsed_ns
                 node.extra = dict(extra or {})
+                node.is_inplace = output_index < len(inplace) and inplace[output_index]
                 self._maybe_save(node, t)
                 nodes.append(node)
             return nodes
 
+    def note_failure(self, name: str, inputs: Iterable[torch.Tensor]) -> None:
+        """Note that an op outside torch functions (a kernel launch) raised, having received `inputs`.
+
+        The first failing op of a pass is the one its partial history names; later ones
+        are ignored. Inputs no logged op produced are left out of its parents.
+        """
+        if self._failed_op is None:
+            refs = (self.producer.get(id(t)) for t in inputs)
+            self._failed_op = (name, self.module_stack,
+                               tuple(dict.fromkeys(ref.node for ref in refs if ref is not None)))
+
     def _note_failure(self, name: str, parents: list) -> None:
-        if self.failure is None:
+        if self._failed_op is None:
             nodes = tuple(dict.fromkeys(index for index, _ in parents))
-            self.failure = Failure(name, self.module_stack, nodes)
+            self._failed_op = (name, self.module_stack, nodes)
 
     # ----- module boundaries ------------------------------------------------------------
     def pre_hook(self, module: nn.Module, args: Any) -> None:
@@ -357,8 +370,8 @@ class Recorder:
 
     def _exit(self, address: str, output: Any) -> None:
         stack = self.module_stack
-        if sys.exc_info()[0] is not None and self.error_stack is None:
-            self.error_stack = stack  # the deepest module the exception passed through
+        if sys.exc_info()[0] is not None and self._error_stack is None:
+            self._error_stack = stack  # the deepest module the exception passed through
         depth = len(stack) - 1
         while depth >= 0 and stack[depth][0] != address:
             depth -= 1
@@ -386,67 +399,13 @@ class Recorder:
             node = self._new_node(t, "output", "output", [(parent, path)], ())
             if self.options.save_all or node.index in self.options.save_indices:
                 prior = self.nodes[parent].saved
-                node.saved = prior if prior is not None else self.copy_for_saving(t)
+                node.saved = prior if prior is not None else self._copy_for_saving(t)
 
-
-class _CaptureMode(TorchFunctionMode):
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self.on_op = recorder.on_op
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        return self.on_op(func, args, kwargs or {})
-
-
-def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOptions,
-                 named_modules: list | None = None) -> tuple[Recorder, Any]:
-    """Run `model(*args, **kwargs)` while recording; undo every hook and the mode after.
-
-    `named_modules` is `list(model.named_modules())` when the caller already walked it.
-
-    Returns the recorder and the model output. If forward raises, the exception is
-    re-raised unchanged with the recorder attached as `exc.torchlog_recorder`.
-
-    Raises:
-        NestedLoggingError: this thread is already inside log_forward_pass.
-    """
-    from torchlog.errors import NestedLoggingError
-
-    if getattr(_active, "recording", False):
-        raise NestedLoggingError(
-            "log_forward_pass was called inside another log_forward_pass in the same thread "
-            "(a model that logs a sub-model); log the sub-model separately, outside the "
-            "outer call")
-    recorder = Recorder(model, options, named_modules)
-    for t, path in find_tensors((args, kwargs)):
-        if id(t) not in recorder.producer:
-            recorder.add_source(t, "input", _input_name(path))
-    handles = []
-    _active.recording = True
-    try:
-        # Two global hooks cost the same for any model size; per-module hooks cost ~10 us
-        # per submodule to add and remove. The hooks ignore modules of other models/threads.
-        handles.append(register_module_forward_pre_hook(recorder.pre_hook))
-        handles.append(register_module_forward_hook(recorder.post_hook, always_call=True))
-        with contextlib.ExitStack() as plugins:
-            for plugin in options.plugins:
-                plugins.enter_context(plugin(recorder))
-            with _CaptureMode(recorder):
-                output = model(*args, **kwargs)
-        with torch._C.DisableTorchFunction():
-            recorder.add_outputs(output)
-    except BaseException as exc:
-        if hasattr(exc, "__dict__"):  # exceptions with __slots__ cannot carry it
-            exc.torchlog_recorder = recorder
-        raise
-    finally:
-        for handle in handles:
-            handle.remove()
-        _active.recording = False
-    return recorder, output
-
-
-def _input_name(path: tuple) -> str:
-    # path[0] is 0 for positional args, 1 for kwargs; the rest locates the tensor.
-    head, rest = ("args", path[1:]) if path[0] == 0 else ("kwargs", path[1:])
-    return head + "".join(f"[{p!r}]" for p in rest)
+    def finish(self, modules: tuple[ModuleInfo, ...], error: Exception | None) -> CapturedPass:
+        """The pass as plain data for assembly; `error` is what forward raised, if it did."""
+        failure = None
+        if error is not None:
+            name, stack, parents = self._failed_op or (None, self._error_stack or (), ())
+            failure = Failure(error, name, stack, parents)
+        outputs = {call: tuple(nodes) for call, nodes in self.call_outputs.items()}
+        return CapturedPass(tuple(self.nodes), dict(self.module_calls), outputs, modules, failure)

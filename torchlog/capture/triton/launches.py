@@ -59,9 +59,11 @@ from typing import Any
 
 import torch
 
-from torchlog.capture.recorder import Failure, Recorder
+from torchlog.capture.recorder import Recorder
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.triton.source import ArgAccess, read_arg_access, unwrap_kernel
+
+__all__ = ["KernelLaunch", "log_triton_launches", "node_name"]
 
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
@@ -373,24 +375,15 @@ def _launch_and_record(kernel: Any, grid: Any, launch: Callable, *args: Any, **k
         try:
             result = launch(*args, **kwargs)
         except BaseException:
-            _note_failure(recorder, logged)
+            recorder.note_failure(node_name(logged.info.name), (t for t, _, _ in logged.tensors))
             raise
         finally:
             _state.recorder = recorder
         elapsed = perf_counter_ns() - start
         written = logged.written()
-        nodes = recorder.record_external(
-            node_name(logged.info.name), [(t, slot) for t, slot, _ in logged.tensors],
-            [logged.tensors[i][0] for i in written], elapsed, logged.extra(written))
         read = logged.read_ids()
-        for node, i in zip(nodes, written):
-            node.is_inplace = id(logged.tensors[i][0]) in read
+        recorder.record_external(
+            node_name(logged.info.name), [(t, slot) for t, slot, _ in logged.tensors],
+            [logged.tensors[i][0] for i in written], elapsed, logged.extra(written),
+            [id(logged.tensors[i][0]) in read for i in written])
     return result
-
-
-def _note_failure(recorder: Recorder, logged: _Launch) -> None:
-    if recorder.failure is not None:
-        return
-    refs = (recorder.producer.get(id(t)) for t, _, _ in logged.tensors)
-    parents = tuple(dict.fromkeys(ref.node for ref in refs if ref is not None))
-    recorder.failure = Failure(node_name(logged.info.name), recorder.module_stack, parents)

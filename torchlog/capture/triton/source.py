@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["ArgAccess", "read_arg_access", "unwrap_kernel"]
+
 _ATOMICS = frozenset(f"atomic_{op}" for op in ("add", "and", "cas", "max", "min", "or", "xchg", "xor"))
 _WRITE_FUNCTIONS = _ATOMICS | {"store", "store_tensor_descriptor", "atomic_store"}
 _WRITE_METHODS = _ATOMICS | {"store", "scatter"}

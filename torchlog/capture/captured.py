@@ -1,0 +1,43 @@
+"""What capture hands to assembly once the forward pass is over: one frozen CapturedPass."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from torchlog.capture.nodes import RawNode
+
+__all__ = ["CapturedPass", "Failure", "ModuleInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """How and where the forward pass raised, for the note on the error and the partial history."""
+
+    error: Exception  # what forward raised; the API re-raises this very object
+    func_name: str | None  # the op that raised, or None when Python code raised
+    module_path: tuple[tuple[str, int], ...]  # (address, call) stack at the failing op or deepest raise
+    parent_nodes: tuple[int, ...]  # nodes the failing op received; () when Python code raised
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleInfo:
+    """One submodule of the logged model, as it was when the pass ended."""
+
+    address: str  # e.g. 'features.3'
+    type_name: str  # the class name, e.g. 'Conv2d'
+    num_params: int  # parameters of the module and all its submodules
+    children: tuple[str, ...]  # addresses of its direct submodules
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedPass:
+    """Everything recorded about one forward pass, as plain data: no model, no live tensors table.
+
+    Assembly turns it into records; storage builds one from a crashed log's node entries.
+    """
+
+    nodes: tuple[RawNode, ...]  # in creation order; nodes[i].index == i
+    module_calls: Mapping[str, int]  # module address -> how many times it was called
+    call_outputs: Mapping[tuple[str, int], tuple[int, ...]]  # (address, call) -> nodes it returned
+    modules: tuple[ModuleInfo, ...] = ()  # every submodule in model order, the root excluded
+    failure: Failure | None = None  # set when forward raised an Exception
