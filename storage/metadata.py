@@ -5,6 +5,8 @@ changes here. JSON arrays decode as tuples (every sequence in the records is a t
 lists, non-str-keyed dicts and dtypes inside `extra` are tagged so they come back as
 they were. Values JSON cannot hold (functions, objects) are stored as their repr.
 Saved tensors appear as references made by the caller (`{"ref": "activations/12", ...}`).
+Files written before PassRecord.kind and the typed RunInfo fields existed (flags
+`is_input`..., `RunInfo.extra["save_gradients"]`) are read into the new fields.
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from typing import Any
 
 import torch
 
-from torchlog.history import ModelHistory, RunInfo
-from torchlog.records import LayerRecord, ModuleRecord, ParamInfo, ParentEdge, PassRecord, PassSpan, TensorMeta
+from torchlog.history import ModelHistory, RunInfo, all_passes
+from torchlog.records import (
+    LayerRecord, ModuleRecord, NodeKind, ParamInfo, ParentEdge, PassRecord, PassSpan, TensorMeta,
+)
 from torchlog.storage.format import dtype_from_name, dtype_name
 
 # PassRecord fields that refer to tensors kept as datasets, not JSON.
@@ -24,9 +28,10 @@ TENSOR_FIELDS = ("saved", "grad_saved", "rng_state")
 # Fields stored under their public name, as files have always named them.
 _STORED_NAMES = {"grad_saved": "grad_contents"}
 _FIELD_NAMES = {stored: field for field, stored in _STORED_NAMES.items()}
-# Fields the history recomputes, or that hold live code (func_args: functions and tensors).
-_SKIPPED = {"num_ops", "lookup_keys", "func_args"}
-ALL_PASSES = "all_passes"  # RunInfo.extra key of the unpruned pass list (api.py sets it)
+# Fields that hold live code (func_args: functions and tensors).
+_SKIPPED = {"func_args"}
+# Flags older files store instead of `kind`, each naming the kind it stood for.
+_OLD_KIND_FLAGS = {f"is_{kind.value}": kind for kind in NodeKind if kind is not NodeKind.OP}
 
 Ref = Callable[[str, PassRecord, Any], Any]  # (field, record, value) -> reference, or None
 
@@ -72,7 +77,7 @@ def _hashable(key: Any) -> Any:
 # ----- history -> JSON ----------------------------------------------------------------------------
 def history_to_json(history: ModelHistory, ref: Ref) -> str:
     """Describe `history` as JSON; `ref` gives what to store for each tensor field."""
-    everything = history.info.extra.get(ALL_PASSES) or history.passes
+    everything = all_passes(history)
     visible = history.layer_labels
     doc = {
         "passes": [_pass_to_dict(p, ref) for p in everything],
@@ -80,7 +85,7 @@ def history_to_json(history: ModelHistory, ref: Ref) -> str:
         "layers": [_layer_to_dict(layer) for layer in history.layers],
         "modules": [encode(dataclasses.asdict(m)) for m in history.modules.values()],
         "info": _info_to_dict(history.info),
-        "has_all_passes": ALL_PASSES in history.info.extra,
+        "has_all_passes": history.info.all_passes is not None,
     }
     return json.dumps(doc, separators=(",", ":"))
 
@@ -95,6 +100,8 @@ def _pass_to_dict(record: PassRecord, ref: Ref) -> dict[str, Any]:
             out[_STORED_NAMES.get(f.name, f.name)] = None if value is None else ref(f.name, record, value)
         elif f.name == "tensor_meta":
             out[f.name] = [list(value.shape), dtype_name(value.dtype), value.num_bytes]
+        elif f.name == "kind":
+            out[f.name] = str(value)
         else:
             out[f.name] = encode(value)
     return out
@@ -111,9 +118,8 @@ def _layer_to_dict(layer: LayerRecord) -> dict[str, Any]:
 
 
 def _info_to_dict(info: RunInfo) -> dict[str, Any]:
-    out = {f.name: encode(getattr(info, f.name)) for f in dataclasses.fields(RunInfo) if f.name != "extra"}
-    out["extra"] = encode({k: v for k, v in info.extra.items() if k != ALL_PASSES})
-    return out
+    return {f.name: encode(getattr(info, f.name)) for f in dataclasses.fields(RunInfo)
+            if f.name != "all_passes"}  # stored as the passes themselves
 
 
 # ----- JSON -> history ----------------------------------------------------------------------------
@@ -133,11 +139,18 @@ def history_from_json(text: str, load_ref: Callable[[str, dict], Any],
     visible = passes if doc["visible"] is None else [by_label[label] for label in doc["visible"]]
     layers = [_layer_from_dict(d, by_label) for d in doc["layers"]]
     modules = {d["address"]: ModuleRecord(**_known(ModuleRecord, decode(d))) for d in doc["modules"]}
-    info_fields = {k: decode(v) for k, v in doc["info"].items()}
-    info = RunInfo(**_known(RunInfo, info_fields))
+    info = _info_from_dict({k: decode(v) for k, v in doc["info"].items()})
     if doc["has_all_passes"]:
-        info.extra[ALL_PASSES] = passes
+        info.all_passes = passes
     return cls(visible, layers, modules, info)
+
+
+def _info_from_dict(fields: dict[str, Any]) -> RunInfo:
+    """RunInfo from its stored fields; older files kept the gradient hook count in `extra`."""
+    extra = fields.get("extra") or {}
+    if "num_gradient_hooks" not in fields and "save_gradients" in extra:
+        fields["num_gradient_hooks"] = extra["save_gradients"]
+    return RunInfo(**_known(RunInfo, fields))
 
 
 def _known(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
@@ -159,9 +172,19 @@ def _pass_from_dict(d: dict[str, Any], load_ref: Callable[[str, dict], Any]) -> 
             fields[name] = tuple(ParentEdge(label, decode(arg)) for label, arg in value)
         elif name == "params":
             fields[name] = tuple(ParamInfo(a, tuple(s), n, b) for a, s, n, b in value)
+        elif name == "kind":
+            fields[name] = NodeKind(value)
         else:
             fields[name] = decode(value)
+    if "kind" not in fields:
+        fields["kind"] = _old_kind(fields)
     return PassRecord(**_known(PassRecord, fields))
+
+
+def _old_kind(fields: dict[str, Any]) -> NodeKind:
+    """The kind a record of an older file had, from the flags it stored instead."""
+    kinds = [kind for flag, kind in _OLD_KIND_FLAGS.items() if fields.get(flag)]
+    return kinds[0] if kinds else NodeKind.OP
 
 
 def _layer_from_dict(d: dict[str, Any], by_label: dict[str, PassRecord]) -> LayerRecord:

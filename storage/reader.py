@@ -9,7 +9,7 @@ from typing import Any
 import h5py
 
 from torchlog.errors import IncompleteLogWarning, LayerNotFoundError, LogFileError
-from torchlog.history import ModelHistory
+from torchlog.history import ModelHistory, all_passes
 from torchlog.records import LayerRecord, PassRecord
 from torchlog.storage import files
 from torchlog.storage.format import (
@@ -23,7 +23,7 @@ from torchlog.storage.format import (
     dtype_from_name,
 )
 from torchlog.storage.lazy import StoredTensor, StoredValue
-from torchlog.storage.metadata import ALL_PASSES, history_from_json
+from torchlog.storage.metadata import history_from_json
 from torchlog.storage.recovery import rebuild
 from torchlog.storage.values import read_value
 
@@ -121,7 +121,7 @@ def _find_streamed_gradients(file: h5py.File, history: ModelHistory, path: str, 
     group = file.get(GRADIENTS)
     if not isinstance(group, h5py.Group) or not len(group):
         return
-    for record in history.info.extra.get(ALL_PASSES) or history.passes:
+    for record in all_passes(history):
         obj = None if record.grad_saved is not None else group.get(str(record.op_index))
         if isinstance(obj, h5py.Dataset) and "torch_dtype" in obj.attrs:
             dtype = dtype_from_name(str(obj.attrs["torch_dtype"]))

@@ -20,7 +20,7 @@ import torch
 
 from torchlog.capture.nodes import RawNode
 from torchlog.errors import IncompleteLogWarning, InvalidArgumentTypeError, LogFileError
-from torchlog.history import ModelHistory
+from torchlog.history import ModelHistory, all_passes
 from torchlog.records import LazyTensor, PassRecord
 from torchlog.storage import files, heap
 from torchlog.storage.format import (
@@ -38,7 +38,7 @@ from torchlog.storage.format import (
 )
 from torchlog.storage.gradients import GradientFile
 from torchlog.storage.lazy import StoredTensor, StoredValue
-from torchlog.storage.metadata import ALL_PASSES, history_to_json
+from torchlog.storage.metadata import history_to_json
 from torchlog.storage.recovery import NodeLog
 from torchlog.storage.values import WriteOptions, describe, write_value
 
@@ -241,7 +241,7 @@ def _check_source_path(history: ModelHistory, path: Any, overwrite: bool) -> Non
     target = files.as_path(path, "save path")
     if not overwrite or not os.path.exists(target):
         return
-    for record in history.info.extra.get(ALL_PASSES) or history.passes:
+    for record in all_passes(history):
         if any(isinstance(value, StoredValue) and _same_file(value.path, target)
                for value in (record.saved, record.grad_saved)):
             raise LogFileError(

@@ -10,7 +10,7 @@ import torch
 
 from torchlog.history import ModelHistory
 from torchlog.labels import ParsedLabel, layer_label, parse_label, pass_label
-from torchlog.records import LayerRecord, PassRecord
+from torchlog.records import LayerRecord, NodeKind, PassRecord
 
 
 def check_history(history: ModelHistory, postfunc_used: bool = False,
@@ -47,7 +47,7 @@ def check_history(history: ModelHistory, postfunc_used: bool = False,
 
 
 def _is_complete(history: ModelHistory, passes: list[PassRecord]) -> bool:
-    everything = history.info.extra.get("all_passes")  # kept by the API when it prunes
+    everything = history.info.all_passes  # kept by the API when it prunes
     return everything is not None and len(everything) == len(passes)
 
 
@@ -67,8 +67,13 @@ def _check_lookup(history: ModelHistory, passes: list[PassRecord]) -> None:
         assert history[pos] is record, f"history[{pos}] is {history[pos]!r}, expected {record!r}"
         assert history[record.label] is record, (
             f"history[{record.label!r}] gives {history[record.label]!r}, not the pass itself")
-        assert record.num_ops == len(passes), (
-            f"{record.label}: num_ops={record.num_ops}, history has {len(passes)} passes")
+        assert history.position(record.label) == pos, (
+            f"history.position({record.label!r}) is {history.position(record.label)}, not {pos}")
+        keys = history.lookup_keys(record.label)
+        assert keys[:2] == (pos - len(passes), pos), (
+            f"{record.label}: lookup keys start {keys[:2]}, expected {(pos - len(passes), pos)}")
+        for key in keys[2:]:
+            assert history[key] is record, f"lookup key {key!r} of {record.label} finds {history[key]!r}"
 
 
 def _check_order(passes: list[PassRecord]) -> None:
@@ -109,9 +114,11 @@ def _check_links(passes: list[PassRecord], by_label: dict[str, PassRecord]) -> N
 def _check_kinds(passes: list[PassRecord]) -> None:
     """Inputs, buffers and sources have no parents; outputs have exactly one and no children."""
     for record in passes:
+        assert isinstance(record.kind, NodeKind), f"{record.label} has kind {record.kind!r}"
         kinds = [f for f in ("is_input", "is_output", "is_buffer", "is_source", "is_created")
                  if getattr(record, f)]
-        assert len(kinds) <= 1, f"{record.label} has conflicting flags {kinds}"
+        expected = [] if record.kind is NodeKind.OP else [f"is_{record.kind.value}"]
+        assert kinds == expected, f"{record.label} of kind {record.kind} has flags {kinds}"
         if record.is_input or record.is_buffer or record.is_source or record.is_created:
             assert not record.parents, f"{record.label} ({kinds[0]}) has parents {record.parents!r}"
         if record.is_output:

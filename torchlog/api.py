@@ -21,8 +21,8 @@ from torchlog.errors import (
     ModelInputError,
     NondeterministicModelError,
 )
-from torchlog.gradients import HOOKED_KEY, GradientStore, warn_if_no_gradients
-from torchlog.history import ModelHistory, RunInfo
+from torchlog.gradients import GradientStore, warn_if_no_gradients
+from torchlog.history import ModelHistory, RunInfo, all_passes
 from torchlog.model_state import compiled_text, eager_submodules, is_compiled, model_kept
 from torchlog.seeding import seeded
 from torchlog.selection import resolve
@@ -114,7 +114,7 @@ def log_forward_pass(
     grad_was_enabled = torch.is_grad_enabled()
     history = _log(request) if writer is None else _log_to_file(request, writer)
     if save_gradients:
-        warn_if_no_gradients(history.info.extra.get(HOOKED_KEY, 0), grad_was_enabled)
+        warn_if_no_gradients(history.info.num_gradient_hooks or 0, grad_was_enabled)
     if render is not None:
         history.render_graph(**render)
     return history
@@ -196,7 +196,7 @@ def _run(request: Request, started: float, prune: bool,
         finally:
             del error  # the traceback keeps this frame: it must not keep the error in turn
     history = _build(request, captured, started, prune, store)
-    if expected is not None and [p.func_name for p in expected] != [p.func_name for p in _all(history)]:
+    if expected is not None and [p.func_name for p in expected] != [p.func_name for p in all_passes(history)]:
         raise NondeterministicModelError(
             f"{history.model_name} ran different ops on two passes with random seed "
             f"{request.seed}, so the layers chosen by layers_to_save cannot be found again; "
@@ -236,10 +236,6 @@ def _input_error(request: Request, captured: CapturedPass, exc: Exception) -> Mo
         f"{type(exc).__name__}: {exc}. Pass tensors, or the lists/dicts of tensors forward expects")
 
 
-def _all(history: ModelHistory) -> list:
-    return history.info.extra.get("all_passes", history.passes)
-
-
 def _hook_gradients(request: Request, sink: Callable | None) -> GradientStore | None:
     if not request.save_gradients:
         return None
@@ -259,11 +255,11 @@ def _build(request: Request, captured: CapturedPass, started: float, prune: bool
         random_seed=request.seed,
         elapsed_s=perf_counter() - started,
         num_modules=len(built.modules),
+        all_passes=built.passes,
     )
-    info.extra["all_passes"] = built.passes
     if store is not None:
         store.attach(passes)  # pruned passes get no gradient
-        info.extra[HOOKED_KEY] = store.num_hooked
+        info.num_gradient_hooks = store.num_hooked
     if captured.failure is not None:
         info.is_partial = True
         info.failure, info.failed_parents = _describe_failure(captured.failure, built.passes)

@@ -8,8 +8,9 @@ from torchlog.capture.captured import CapturedPass
 from torchlog.capture.nodes import RawNode
 from torchlog.labels import layer_label, layer_type_of, pass_label
 from torchlog.loops import group_into_layers
-from torchlog.records import LayerRecord, ModuleRecord, ParentEdge, PassRecord, PassSpan
+from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParentEdge, PassRecord, PassSpan
 
+_KINDS = {kind.value: kind for kind in NodeKind}  # a raw node's kind -> the record's
 _SOURCE_TYPES = {"input": "input", "output": "output", "buffer": "buffer", "source": "tensor"}
 
 __all__ = ["Assembled", "assemble"]
@@ -68,6 +69,7 @@ def _pass_record(node: RawNode, labels: list, module_texts: dict[int, tuple[str,
         layer_label=layer,
         layer_type=layer_type,
         func_name=node.func_name,
+        kind=NodeKind.CREATED if kind == "op" and not node.parents else _KINDS[kind],
         op_index=node.index,
         pass_num=pass_num,
         num_passes=num_passes,
@@ -81,12 +83,7 @@ def _pass_record(node: RawNode, labels: list, module_texts: dict[int, tuple[str,
         output_of_modules=tuple(f"{a}:{c}" for a, c in node.output_of) if node.output_of else (),
         output_index=node.output_index,
         elapsed_s=node.elapsed_ns / 1e9,
-        is_input=kind == "input",
-        is_output=kind == "output",
-        is_buffer=kind == "buffer",
-        is_source=kind == "source",
         is_inplace=node.is_inplace,
-        is_created=kind == "op" and not node.parents,
         buffer_address=node.address if kind in ("buffer", "input") else None,
         func_args=node.func_args,
         rng_state=node.rng_state,

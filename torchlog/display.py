@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchlog.errors import MissingDependencyError
+from torchlog.lookup import index_of
 from torchlog.records import LayerRecord, PassRecord
 
 if TYPE_CHECKING:
@@ -107,10 +108,17 @@ def _preview(t: torch.Tensor) -> str:
 
 
 def format_pass(record: PassRecord) -> str:
-    """The `print(history[label])` text of one pass."""
+    """The `print(history[label])` text of one pass.
+
+    Its position and lookup keys come from the history it was last placed in; a record
+    that never was in one shows its op index and its label instead.
+    """
     meta = record.tensor_meta
+    index = index_of(record)
+    keys = index.lookup_keys(record.label) if index is not None else (record.label,)
+    where = f"{keys[1] + 1}/{len(index.labels)}" if index is not None else f"{record.op_index + 1}"
     passes = f" (pass {record.pass_num} of {record.num_passes})" if record.num_passes > 1 else ""
-    lines = [f"Layer {record.label}{passes}, operation {record.op_position}/{record.num_ops}:"]
+    lines = [f"Layer {record.label}{passes}, operation {where}:"]
     shape = "(" + ", ".join(str(s) for s in meta.shape) + ("," if len(meta.shape) == 1 else "") + ")"
     lines.append(f"{_INDENT}Output tensor: shape={shape}, dtype={meta.dtype}, size={human_size(meta.num_bytes)}")
     if record.saved is None:
@@ -131,20 +139,17 @@ def format_pass(record: PassRecord) -> str:
     inside = record.containing_modules[0].rpartition(":")[0] if record.containing_modules else "(top level)"
     lines.append(f"{_INDENT}Computed inside module: {inside}")
     lines.append(f"{_INDENT}Time elapsed:  {record.elapsed_s:.3E}s")
-    outputs = [m.rpartition(":")[0] if _single_call(record, m) else m for m in record.output_of_modules]
+    # A module called once is named without its call number when that name finds this pass.
+    outputs = [m.rpartition(":")[0] if m.rpartition(":")[0] in keys else m
+               for m in record.output_of_modules]
     lines.append(f"{_INDENT}Output of modules: {', '.join(outputs) or 'none'}")
     lines.append(f"{_INDENT}Output of bottom-level module: {outputs[0] if outputs else 'none'}")
     flags = [name for name in ("input", "output", "buffer", "source", "inplace", "created")
              if getattr(record, f"is_{name}")]
     if flags:
         lines.append(f"{_INDENT}Flags: {', '.join(flags)}")
-    lines.append(f"{_INDENT}Lookup keys: {', '.join(str(k) for k in record.lookup_keys)}")
+    lines.append(f"{_INDENT}Lookup keys: {', '.join(str(k) for k in keys)}")
     return "\n".join(lines)
-
-
-def _single_call(record: PassRecord, module_call: str) -> bool:
-    address = module_call.rpartition(":")[0]
-    return address in record.lookup_keys
 
 
 def format_layer(layer: LayerRecord) -> str:

@@ -17,12 +17,10 @@ from typing import Any
 
 import torch
 
-from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
+from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, TorchlogWarning
 from torchlog.records import LazyTensor, PassRecord
 
-# RunInfo.extra key marking a history whose tensors carry gradient hooks.
-HOOKED_KEY = "save_gradients"
-
+__all__ = ["GradientStore", "warn_if_no_gradients", "check_gradient_options", "log_backward"]
 
 class GradientStore:
     """Receives the gradient of each hooked node and files it in that node's PassRecord.
@@ -95,7 +93,7 @@ def warn_if_no_gradients(num_hooked: int, grad_was_enabled: bool) -> None:
         why = ("no parameter or input of the model requires grad; set requires_grad=True "
                "on the input or leave some parameters trainable")
     warnings.warn(f"save_gradients=True, but no logged tensor is part of an autograd graph: "
-                  f"{why}. No layer will get grad_contents.", UserWarning, stacklevel=3)
+                  f"{why}. No layer will get grad_contents.", TorchlogWarning, stacklevel=3)
 
 
 def check_gradient_options(save_gradients: bool, detach_saved_tensors: bool) -> None:
@@ -121,7 +119,7 @@ def log_backward(history: Any, loss: torch.Tensor) -> None:
         InvalidOptionError: the history was not logged with save_gradients=True.
         InvalidArgumentTypeError: `loss` is not a tensor, or is not part of an autograd graph.
     """
-    if not history.info.extra.get(HOOKED_KEY, False):
+    if not history.info.num_gradient_hooks:
         raise InvalidOptionError(
             "this history was logged without gradient hooks; log it with "
             "log_forward_pass(..., save_gradients=True) before calling log_backward")

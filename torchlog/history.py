@@ -1,25 +1,16 @@
 """ModelHistory: the read-only result of one logged forward pass, indexed like TorchLens."""
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, overload
 
-from torchlog.errors import (
-    InvalidArgumentTypeError,
-    LayerNotFoundError,
-    MissingDependencyError,
-    closest_matches,
-)
-from torchlog.labels import parse_label, split_pass
+from torchlog.errors import InvalidArgumentTypeError, LayerNotFoundError, MissingDependencyError
+from torchlog.lookup import KEY_FORMS, KeyIndex, claim
 from torchlog.records import LayerRecord, ModuleRecord, PassRecord
 
-KEY_FORMS = (
-    "a layer label ('conv2d_3_7'), a short label ('conv2d_3'), a pass ('linear_1_1:2'), "
-    "a module address ('features.6', or 'features.6:2' for its 2nd call), or an int "
-    "position in layer_labels (negative counts from the end)"
-)
+__all__ = ["ModelHistory", "RunInfo", "all_passes"]
 
 
 @dataclass(slots=True)
@@ -33,130 +24,140 @@ class RunInfo:
     is_partial: bool = False
     failure: str | None = None  # where the forward pass stopped, for partial histories
     failed_parents: tuple[str, ...] = ()  # inputs of the op that raised
-    extra: dict[str, Any] = field(default_factory=dict)
+    # Tensors given a gradient hook with save_gradients=True; None when logged without it.
+    num_gradient_hooks: int | None = None
+    # Every pass of the run, also those layers_to_save left out of the history; None when
+    # unknown (a log rebuilt after a crash).
+    all_passes: list[PassRecord] | None = field(default=None, repr=False)
 
 
-class ModelHistory(Mapping):
-    """Every op of one forward pass, in execution order.
+class ModelHistory(Sequence):
+    """Every op of one forward pass: a sequence of passes in execution order, with keyed lookup.
 
-    Index it with a label, short label, `label:pass`, module address or int position;
-    iterate it for the passes in order; `layers` gives the rolled view.
+    As a sequence it holds the passes: `len`, iteration, int positions (negative from the
+    end), slices, `reversed`, `index` and `count`. A str key finds a pass or a layer: a
+    label, short label, `label:pass` or module address. `keys()`, `values()` and `items()`
+    give the pass labels, the passes and (label, pass) pairs in order, as a dict from label
+    to pass would; `get(key, default)` looks a key up without raising; `key in history`
+    holds for every key `history[key]` accepts and for the history's own passes. `layers`
+    gives the rolled view.
 
     Example:
         >>> import torch, torchlog
         >>> h = torchlog.log_forward_pass(torch.nn.Linear(3, 2), torch.ones(1, 3))
         >>> h.layer_labels
         ['input_1_0', 'linear_1_1', 'output_1_2']
-        >>> h['linear_1_1'].tensor_meta.shape
-        (1, 2)
+        >>> h['linear_1_1'].tensor_meta.shape, h[-1].label, h.lookup_keys('linear_1_1')[:2]
+        ((1, 2), 'output_1_2', (-2, 1))
     """
 
     def __init__(self, passes: list[PassRecord], layers: list[LayerRecord],
                  modules: dict[str, ModuleRecord], info: RunInfo) -> None:
         self._passes = list(passes)
-        visible = {p.label for p in self._passes}
-        self._layers = [l for l in layers if any(p.label in visible for p in l.passes)]
+        self._by_label = {p.label: p for p in self._passes}
+        self._layers = [l for l in layers if any(p.label in self._by_label for p in l.passes)]
+        self._layers_by_label = {l.label: l for l in self._layers}
         self._modules = modules
         self._modules_view = MappingProxyType(modules)
         self.info = info
-        self._keys = self._build_keys()
-        for pos, record in enumerate(self._passes):
-            record.num_ops = len(self._passes)
-            record.lookup_keys = (pos - len(self._passes), pos) + self._keys_of.get(record.label, ())
+        self._index = KeyIndex(self._passes, self._layers, modules)
+        claim(self._passes, self._index)  # lets print(record) show its position and keys
 
     # ----- lookup ---------------------------------------------------------------------
-    def _build_keys(self) -> dict[str, PassRecord | LayerRecord]:
-        keys: dict[str, Any] = {}
-        keys_of: dict[str, list[str]] = {}
+    @overload
+    def __getitem__(self, key: int) -> PassRecord: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[PassRecord]: ...
+    @overload
+    def __getitem__(self, key: str) -> PassRecord | LayerRecord: ...
 
-        def add(key: str, target: Any, listed: bool = True) -> None:
-            if key in keys:
-                return
-            keys[key] = target
-            if listed and isinstance(target, PassRecord):
-                keys_of.setdefault(target.label, []).append(key)
-
-        visible = {p.label: p for p in self._passes}
-        for layer in self._layers:
-            short = layer.label.rsplit("_", 1)[0]
-            shown = [r for r in layer.passes if r.label in visible]
-            target = layer.passes[0] if len(layer.passes) == 1 else layer
-            for name, listed in ((layer.label, True), (short, False)):
-                if len(layer.passes) > 1 or shown:
-                    add(name, target, listed)
-                for record in shown:
-                    add(f"{name}:{record.pass_num}", record, listed)
-        for address, module in reversed(self._modules.items()):  # innermost module first
-            firsts = [visible.get(call[0]) if call else None for call in module.call_outputs]
-            if len(firsts) == 1 and firsts[0] is not None:
-                add(address, firsts[0])
-            for k, record in enumerate(firsts, start=1):
-                if record is not None:
-                    add(f"{address}:{k}", record)
-            if len(firsts) > 1 and all(r is not None for r in firsts):
-                owners = {r.layer_label for r in firsts}
-                layer = keys.get(next(iter(owners))) if len(owners) == 1 else None
-                if isinstance(layer, LayerRecord) and len(layer.passes) == len(firsts):
-                    keys.setdefault(address, layer)
-        self._keys_of = {label: tuple(ks) for label, ks in keys_of.items()}
-        return keys
-
-    def __getitem__(self, key: int | str) -> PassRecord | LayerRecord:
-        """Return the pass or layer `key` names.
+    def __getitem__(self, key: int | slice | str) -> PassRecord | LayerRecord | list[PassRecord]:
+        """Return the pass at a position, the passes of a slice, or the pass or layer a str
+        key names.
 
         Raises:
-            LayerNotFoundError: no pass, layer or module matches; the message lists the
-                accepted key forms and the closest labels.
+            LayerNotFoundError: no pass, layer or module matches, or the position is out
+                of range; the message lists the accepted key forms and the closest labels.
+            InvalidArgumentTypeError: `key` is not an int, slice or str.
         """
-        if isinstance(key, bool) or not isinstance(key, (int, str)):
-            raise InvalidArgumentTypeError(
-                f"history keys must be str or int, got {key!r} of type {type(key).__name__}; "
-                f"use {KEY_FORMS}")
-        if isinstance(key, int):
+        if isinstance(key, str):
+            found = self._index.resolve(key)
+            if found is None:
+                raise LayerNotFoundError(self._index.not_found_message(key))
+            return self._by_label.get(found) or self._layers_by_label[found]
+        if isinstance(key, int) and not isinstance(key, bool):
             n = len(self._passes)
             if not -n <= key < n:
                 raise LayerNotFoundError(
                     f"position {key!r} is out of range for a history of {n} layers "
                     f"(valid: {-n}..{n - 1})")
             return self._passes[key]
-        found = self._keys.get(key)
-        if found is not None:
-            return found
-        raise LayerNotFoundError(self._not_found_message(key))
+        if isinstance(key, slice):
+            return self._passes[key]
+        raise InvalidArgumentTypeError(
+            f"history keys must be str or int (or a slice of positions), got {key!r} of type "
+            f"{type(key).__name__}; use {KEY_FORMS}")
 
-    def _not_found_message(self, key: str) -> str:
-        base, pass_num = _safe_split(key)
-        tail = key.rpartition(":")[2]
-        if ":" in key and tail.isdigit() and base == key:  # ':0' is not a pass number
-            base, pass_num = key.rpartition(":")[0], int(tail)
-        if pass_num is not None and base in self._keys:
-            target = self._keys[base]
-            n = target.num_passes if isinstance(target, (LayerRecord, PassRecord)) else 1
-            return f"{base!r} has passes 1..{n}, so {key!r} does not exist"
-        if base in self._modules:
-            calls = self._modules[base].num_passes
-            if calls == 0:
-                return f"module {base!r} was never called in this forward pass"
-            return (f"module {base!r} was called {calls} times and its outputs are different "
-                    f"layers; use '{base}:1'..'{base}:{calls}'")
-        near = closest_matches(key, [k for k in self._keys if ":" not in k])
-        hint = f"; closest labels: {', '.join(near)}" if near else ""
-        return f"no layer matches {key!r}. A key is {KEY_FORMS}{hint}"
+    def get(self, key: int | str, default: Any = None) -> PassRecord | LayerRecord | Any:
+        """`history[key]`, or `default` when no pass or layer matches.
+
+        Raises:
+            InvalidArgumentTypeError: `key` is not an int or str.
+        """
+        try:
+            return self[key]
+        except LayerNotFoundError:
+            return default
 
     def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            return key in self._index
         if isinstance(key, int) and not isinstance(key, bool):
             return -len(self._passes) <= key < len(self._passes)
-        return isinstance(key, str) and key in self._keys
+        return isinstance(key, PassRecord) and self._by_label.get(key.label) is key
 
     def __iter__(self) -> Iterator[PassRecord]:
-        """Iterate the passes in execution order (not the keys: a history is a list of ops)."""
+        """Iterate the passes in execution order."""
         return iter(self._passes)
 
     def __len__(self) -> int:
         return len(self._passes)
 
-    def keys(self):  # Mapping.keys would list every alias; give the labels.
+    def keys(self) -> list[str]:
+        """The pass labels in execution order (not every alias a key may use)."""
         return self.layer_labels
+
+    def values(self) -> list[PassRecord]:
+        """The passes in execution order, as iteration gives them."""
+        return self.passes
+
+    def items(self) -> list[tuple[str, PassRecord]]:
+        """(label, pass) pairs in execution order."""
+        return [(p.label, p) for p in self._passes]
+
+    def position(self, label: str) -> int:
+        """0-based position of the pass `label` in this history (`history[position]`).
+
+        Raises:
+            LayerNotFoundError: no pass of this history has that label.
+        """
+        return self._index.position(self._pass_label(label))
+
+    def lookup_keys(self, label: str) -> tuple[int | str, ...]:
+        """Every key that finds the pass `label`: its negative and positive positions, its
+        labels, then the module calls that returned it, innermost module first.
+
+        Raises:
+            LayerNotFoundError: no pass of this history has that label.
+        """
+        return self._index.lookup_keys(self._pass_label(label))
+
+    def _pass_label(self, label: str) -> str:
+        if label not in self._by_label:
+            raise LayerNotFoundError(
+                f"{label!r} is not the label of a pass of this history; labels are listed in "
+                "history.layer_labels")
+        return label
 
     # ----- views ------------------------------------------------------------------------
     @property
@@ -174,14 +175,15 @@ class ModelHistory(Mapping):
         return list(self._layers)
 
     def layer(self, label: str) -> LayerRecord:
-        """Return the rolled record of a layer, even when it ran once."""
+        """Return the rolled record of a layer, even when it ran once.
+
+        Raises:
+            LayerNotFoundError: `label` is not a key of this history (see `__getitem__`).
+        """
         found = self[label]
         if isinstance(found, LayerRecord):
             return found
-        for layer in self._layers:
-            if layer.label == found.layer_label:
-                return layer
-        raise LayerNotFoundError(f"no layer record for {label!r}")
+        return self._layers_by_label[found.layer_label]
 
     @property
     def modules(self) -> Mapping[str, ModuleRecord]:
@@ -340,6 +342,12 @@ class ModelHistory(Mapping):
     __hash__ = object.__hash__
 
 
+def all_passes(history: ModelHistory) -> list[PassRecord]:
+    """Every pass of the run: those layers_to_save left out too, when the history knows them."""
+    everything = history.info.all_passes
+    return history.passes if everything is None else everything
+
+
 def _nbytes(saved: Any) -> int:
     if saved is None:
         return 0
@@ -347,14 +355,3 @@ def _nbytes(saved: Any) -> int:
         return saved.element_size() * saved.numel()
     return getattr(saved, "num_bytes", 0)  # LazyTensor backends expose their size
 
-
-def _safe_split(key: str) -> tuple[str, int | None]:
-    try:
-        return split_pass(key)
-    except ValueError:
-        return key, None
-
-
-def is_label_like(key: str) -> bool:
-    """True when `key` has the shape of a label, full or short."""
-    return parse_label(split_pass(key)[0] if ":" in key else key) is not None

@@ -2,9 +2,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, NamedTuple
 
 import torch
+
+__all__ = ["NodeKind", "LazyTensor", "TensorMeta", "ParamInfo", "ParentEdge", "PassRecord",
+           "PassSpan", "LayerRecord", "ModuleRecord"]
+
+
+class NodeKind(str, Enum):
+    """Where a pass's tensor came from: the closed set of node kinds, each exclusive."""
+
+    INPUT = "input"  # a tensor passed to the model
+    OUTPUT = "output"  # a tensor the model returned
+    BUFFER = "buffer"  # a module buffer read during forward
+    SOURCE = "source"  # a tensor with no recorded producer (from_numpy, attributes)
+    CREATED = "created"  # made inside forward with no tensor inputs (zeros, arange)
+    OP = "op"  # computed by an op from logged tensors
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class LazyTensor:
@@ -50,14 +68,21 @@ class ParentEdge(NamedTuple):
     arg: Any
 
 
+class _WeaklyReferable:
+    """Lets a slotted record be a key of a weak side table (see torchlog.lookup)."""
+
+    __slots__ = ("__weakref__",)
+
+
 @dataclass(slots=True, eq=False)
-class PassRecord:
+class PassRecord(_WeaklyReferable):
     """One execution of one op (an unrolled node of the graph)."""
 
     label: str  # 'linear_1_1:2', or 'conv2d_3_7' when the layer ran once
     layer_label: str  # 'linear_1_1'
     layer_type: str  # 'linear'
     func_name: str  # name of the torch function that ran, e.g. 'linear', '__getitem__'
+    kind: NodeKind  # input, output, buffer, source, created or op
     op_index: int  # 0-based position in execution order over all passes
     pass_num: int  # 1-based
     num_passes: int  # passes of this layer in the whole forward pass
@@ -71,19 +96,12 @@ class PassRecord:
     output_of_modules: tuple[str, ...]  # 'address:pass' of module calls that returned this
     output_index: int  # which tensor of a multi-output op's result (0 for single)
     elapsed_s: float  # time spent in the op itself
-    is_input: bool = False  # a tensor passed to the model
-    is_output: bool = False  # a tensor the model returned
-    is_buffer: bool = False  # a module buffer read during forward
-    is_source: bool = False  # a tensor with no recorded producer (from_numpy, attributes)
     is_inplace: bool = False  # the op wrote into an existing tensor
-    is_created: bool = False  # made inside forward with no tensor inputs (zeros, arange)
     buffer_address: str | None = None  # buffers: 'bn.running_mean'; inputs: where passed, 'args[0]'
     func_args: Any = None  # (args, kwargs) with tensors replaced, when save_function_args
     rng_state: torch.Tensor | None = None  # CPU RNG state before the op, when save_function_args
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. Triton grid and constexprs
     call_site: str | None = None  # 'file.py:42 in forward': the user code that ran the op
-    num_ops: int = 0  # passes in the history this record belongs to
-    lookup_keys: tuple = ()  # every key that finds this pass, as the history sets them
     grad_saved: Any = None  # gradient of the loss w.r.t. this output: a tensor, a LazyTensor, or None
 
     @property
@@ -107,10 +125,26 @@ class PassRecord:
     def num_params(self) -> int:
         return sum(p.num_params for p in self.params)
 
+    # The kind as TorchLens's flags, read-only.
     @property
-    def op_position(self) -> int:
-        """1-based position in its history ('operation 8/24')."""
-        return self.lookup_keys[1] + 1 if self.lookup_keys else self.op_index + 1
+    def is_input(self) -> bool:
+        return self.kind == NodeKind.INPUT
+
+    @property
+    def is_output(self) -> bool:
+        return self.kind == NodeKind.OUTPUT
+
+    @property
+    def is_buffer(self) -> bool:
+        return self.kind == NodeKind.BUFFER
+
+    @property
+    def is_source(self) -> bool:
+        return self.kind == NodeKind.SOURCE
+
+    @property
+    def is_created(self) -> bool:
+        return self.kind == NodeKind.CREATED
 
     @property
     def tensor_contents(self) -> Any:

@@ -1,7 +1,7 @@
 """How each kind of node, edge and module box looks, and the words of the legend."""
 from __future__ import annotations
 
-from torchlog.records import PassRecord
+from torchlog.records import NodeKind, PassRecord
 from torchlog.vis.graph import (
     BUFFER, CREATED, DATA, FAILED, GRADIENT, INPUT, MODULE, OP, OUTPUT, PARAM,
 )
@@ -45,16 +45,16 @@ INPLACE_TEXT = "in-place (double border)"
 GRADIENT_TEXT = "gradient (dashed purple)"
 
 
+# A record's kind -> its node kind; ops split further into parameter ops and plain ops.
+_KIND_OF = {NodeKind.INPUT: INPUT, NodeKind.OUTPUT: OUTPUT, NodeKind.BUFFER: BUFFER,
+            NodeKind.CREATED: CREATED, NodeKind.SOURCE: CREATED}
+
+
 def kind_of(record: PassRecord) -> str:
     """The node kind of a pass: input, output, buffer, created, parameter op or plain op."""
-    if record.is_input:
-        return INPUT
-    if record.is_output:
-        return OUTPUT
-    if record.is_buffer:
-        return BUFFER
-    if record.is_created or record.is_source:
-        return CREATED
+    kind = _KIND_OF.get(record.kind)
+    if kind is not None:
+        return kind
     return PARAM if record.params else OP
 
 

@@ -78,13 +78,12 @@ def assert_same_history(a: ModelHistory, b: ModelHistory, same_run: bool = True)
     assert repr(a) == repr(b)
     assert a.layer_labels == b.layer_labels
     for f in dataclasses.fields(RunInfo):
-        if f.name != "extra" and (same_run or f.name != "elapsed_s"):
+        if f.name != "all_passes" and (same_run or f.name != "elapsed_s"):
             assert getattr(a.info, f.name) == getattr(b.info, f.name), f"info.{f.name}"
-    assert {k: v for k, v in a.info.extra.items() if k != "all_passes"} == {
-        k: v for k, v in b.info.extra.items() if k != "all_passes"}
     for x, y in zip(a, b):
         assert_same_pass(x, y, same_run)
-    assert len(a.info.extra.get("all_passes", [])) == len(b.info.extra.get("all_passes", []))
+        assert a.lookup_keys(x.label) == b.lookup_keys(y.label), f"lookup keys of {x.label}"
+    assert len(a.info.all_passes or []) == len(b.info.all_passes or [])
     assert [(l.label, l.layer_type, [p.label for p in l.passes], l.parent_layers, l.child_layers)
             for l in a.layers] == [(l.label, l.layer_type, [p.label for p in l.passes], l.parent_layers,
                                     l.child_layers) for l in b.layers]

@@ -11,7 +11,7 @@ import torchlog
 from tests.invariants import ancestors
 from tests.models import TINY_MODELS, SimpleRecurrent
 from tests.torchlog.test_real_models import TORCH_CASES, TRANSFORMERS
-from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
+from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, TorchlogWarning
 from torchlog.capture.nesting import find_tensors
 from torchlog.seeding import seeded
 
@@ -194,7 +194,7 @@ def test_transformers_gradients(name: str) -> None:
 
 # ----- when no gradient can exist --------------------------------------------------------------
 def test_no_grad_context_warns() -> None:
-    with torch.no_grad(), pytest.warns(UserWarning, match=r"torch.no_grad\(\)") as caught:
+    with torch.no_grad(), pytest.warns(TorchlogWarning, match=r"torch.no_grad\(\)") as caught:
         history = torchlog.log_forward_pass(SimpleRecurrent(), torch.rand(2, 5), save_gradients=True)
     assert history.layers_with_grads == []
     assert caught[0].filename == __file__, "the warning points at the caller's line"
@@ -202,7 +202,7 @@ def test_no_grad_context_warns() -> None:
 
 def test_nothing_requires_grad_warns() -> None:
     model = SimpleRecurrent().requires_grad_(False)
-    with pytest.warns(UserWarning, match="no parameter or input of the model requires grad"):
+    with pytest.warns(TorchlogWarning, match="no parameter or input of the model requires grad"):
         torchlog.log_forward_pass(model, torch.rand(2, 5), save_gradients=True)
 
 

@@ -256,7 +256,7 @@ def test_layers_to_save_list_saves_the_selected_ops_that_ran():
     kept = torchlog.log_forward_pass(broken, x, layers_to_save=["relu"], keep_unsaved_layers=True,
                                      on_error="return")
     assert [p.label for p in kept if p.has_saved_tensor] == ["relu_1_2"]
-    assert len(kept) == len(history.info.extra["all_passes"])
+    assert len(kept) == len(history.info.all_passes)
 
 
 def test_failure_inside_a_loop():

@@ -1,0 +1,149 @@
+"""The keys that find a pass or layer of a history, and each pass's keys and position back."""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+
+from torchlog.errors import closest_matches
+from torchlog.labels import split_pass
+from torchlog.records import LayerRecord, ModuleRecord, PassRecord
+
+__all__ = ["KEY_FORMS", "KeyIndex", "claim", "index_of"]
+
+KEY_FORMS = (
+    "a layer label ('conv2d_3_7'), a short label ('conv2d_3'), a pass ('linear_1_1:2'), "
+    "a module address ('features.6', or 'features.6:2' for its 2nd call), or an int "
+    "position in layer_labels (negative counts from the end)"
+)
+
+
+class KeyIndex:
+    """Every string key of one history, each naming the label of a pass or of a layer.
+
+    A key names a pass, or a layer that ran more than once (a layer that ran once is found
+    as its pass). The index holds strings only, never records, so a pass can find the index
+    of its history (`index_of`) without keeping the history or its tensors alive.
+
+    Example:
+        >>> import torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.Sequential(torch.nn.ReLU()), torch.ones(2))
+        >>> index = KeyIndex(h.passes, h.layers, h.modules)
+        >>> index.resolve("0"), index.lookup_keys("relu_1_1")
+        ('relu_1_1', (-2, 1, 'relu_1_1', 'relu_1_1:1', '0', '0:1'))
+    """
+
+    def __init__(self, passes: Sequence[PassRecord], layers: Iterable[LayerRecord],
+                 modules: Mapping[str, ModuleRecord]) -> None:
+        self.labels = tuple(p.label for p in passes)  # the history's passes, in order
+        self._positions = {label: pos for pos, label in enumerate(self.labels)}
+        self._targets: dict[str, str] = {}  # key -> pass label, or label of a multi-pass layer
+        self._num_passes: dict[str, int] = {}  # target -> passes of its layer
+        self._keys_of: dict[str, list[str]] = {}  # pass label -> the keys listed for it
+        self._module_calls = {address: m.num_passes for address, m in modules.items()}
+        by_label = {p.label: p for p in passes}
+        self._add_layers(layers)
+        self._add_modules(modules, by_label)
+
+    def _add(self, key: str, target: str, num_passes: int, listed: bool = True) -> None:
+        """Let `key` find `target` unless an earlier key form took it; list it with the pass."""
+        if key in self._targets:
+            return
+        self._targets[key] = target
+        self._num_passes[target] = num_passes
+        if listed and target in self._positions:
+            self._keys_of.setdefault(target, []).append(key)
+
+    def _add_layers(self, layers: Iterable[LayerRecord]) -> None:
+        for layer in layers:
+            num = len(layer.passes)
+            shown = [r for r in layer.passes if r.label in self._positions]
+            target = layer.passes[0].label if num == 1 else layer.label
+            short = layer.label.rsplit("_", 1)[0]
+            for name, listed in ((layer.label, True), (short, False)):
+                if num > 1 or shown:
+                    self._add(name, target, num, listed)
+                for record in shown:
+                    self._add(f"{name}:{record.pass_num}", record.label, num, listed)
+
+    def _add_modules(self, modules: Mapping[str, ModuleRecord], by_label: dict[str, PassRecord]) -> None:
+        """Module addresses find their first output; innermost modules claim a key first."""
+        for address, module in reversed(modules.items()):
+            firsts = [by_label.get(call[0]) if call else None for call in module.call_outputs]
+            if len(firsts) == 1 and firsts[0] is not None:
+                self._add(address, firsts[0].label, firsts[0].num_passes)
+            for k, record in enumerate(firsts, start=1):
+                if record is not None:
+                    self._add(f"{address}:{k}", record.label, record.num_passes)
+            if len(firsts) > 1 and all(r is not None for r in firsts):
+                owners = {r.layer_label for r in firsts}
+                layer = self._targets.get(next(iter(owners))) if len(owners) == 1 else None
+                if layer is not None and layer not in self._positions \
+                        and self._num_passes[layer] == len(firsts):
+                    self._add(address, layer, len(firsts), listed=False)
+
+    def resolve(self, key: str) -> str | None:
+        """The label of the pass or layer `key` names, or None."""
+        return self._targets.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._targets
+
+    def position(self, label: str) -> int:
+        """0-based position of the pass `label` in its history.
+
+        Raises:
+            KeyError: `label` is not the label of a pass of the history.
+        """
+        return self._positions[label]
+
+    def lookup_keys(self, label: str) -> tuple[int | str, ...]:
+        """Every key that finds the pass `label`: its negative and positive positions, then
+        its labels and the module calls that returned it, innermost module first.
+
+        Raises:
+            KeyError: `label` is not the label of a pass of the history.
+        """
+        pos = self._positions[label]
+        return (pos - len(self.labels), pos, *self._keys_of.get(label, ()))
+
+    def not_found_message(self, key: str) -> str:
+        """Why `key` finds nothing: the pass number out of range, the module with several
+        differing outputs, or the accepted key forms and the closest labels."""
+        base, pass_num = _safe_split(key)
+        tail = key.rpartition(":")[2]
+        if ":" in key and tail.isdigit() and base == key:  # ':0' is not a pass number
+            base, pass_num = key.rpartition(":")[0], int(tail)
+        if pass_num is not None and base in self._targets:
+            num = self._num_passes[self._targets[base]]
+            return f"{base!r} has passes 1..{num}, so {key!r} does not exist"
+        if base in self._module_calls:
+            calls = self._module_calls[base]
+            if calls == 0:
+                return f"module {base!r} was never called in this forward pass"
+            return (f"module {base!r} was called {calls} times and its outputs are different "
+                    f"layers; use '{base}:1'..'{base}:{calls}'")
+        near = closest_matches(key, [k for k in self._targets if ":" not in k])
+        hint = f"; closest labels: {', '.join(near)}" if near else ""
+        return f"no layer matches {key!r}. A key is {KEY_FORMS}{hint}"
+
+
+def _safe_split(key: str) -> tuple[str, int | None]:
+    try:
+        return split_pass(key)
+    except ValueError:
+        return key, None
+
+
+# The index of the history each pass belongs to, so that `print(history[label])` can show
+# the pass's position and keys. Weak keys: an entry lives exactly as long as its pass.
+_INDEX_OF: weakref.WeakKeyDictionary[PassRecord, KeyIndex] = weakref.WeakKeyDictionary()
+
+
+def claim(passes: Iterable[PassRecord], index: KeyIndex) -> None:
+    """Record that `passes` belong to the history `index` describes (the latest claim wins)."""
+    _INDEX_OF.update((record, index) for record in passes)
+
+
+def index_of(record: PassRecord) -> KeyIndex | None:
+    """The index of the history `record` was last placed in, or None if it never was."""
+    return _INDEX_OF.get(record)
