@@ -24,7 +24,7 @@ from torchlog.vis.style import (
     NODE_STYLES, kind_of,
 )
 from torchlog.vis.text import (
-    arg_text, caption_lines, failure_lines, layer_lines, module_lines, pass_lines, passes_text,
+    MAX_SHAPES_SHOWN, arg_text, caption_lines, failure_lines, layer_lines, pass_lines, passes_text,
     shape_text,
 )
 from torchlog.vis.viewer.stats import tensor_stats
@@ -59,8 +59,8 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
         "view": {"mode": mode, "depth": depth},
         "passes": passes,
         "layers": [_layer_entry(layer) for layer in history.layers],
-        "calls": _module_calls(history),
-        "modules": _modules(history),
+        "calls": (calls := _module_calls(history)),
+        "modules": _modules(history, calls),
         "failure": _failure(history),
         "dot": _dot_styles(),
     }
@@ -186,8 +186,8 @@ def _module_calls(history: "ModelHistory") -> dict[str, dict[str, Any]]:
         inside = members[call]
         entry["inputs"] = _outside_parents(inside, by_label)
         entry["outputs"] = _shapes_of(_returned(module, entry["call"]), by_label)
-        entry["lines"] = list(module_lines(module_title(call, modules, False), module,
-                                           (shape_text(s) for s in entry["outputs"])))
+        entry["lines"] = _box_lines(module_title(call, modules, False), module,
+                                    entry["inputs"], entry["outputs"])
     return calls
 
 
@@ -211,20 +211,39 @@ def _shapes_of(labels: tuple[str, ...], by_label: dict[str, PassRecord]) -> list
     return [list(by_label[l].shape) for l in labels if l in by_label]
 
 
-def _modules(history: "ModelHistory") -> dict[str, dict[str, Any]]:
-    """One entry per module address: type, parameters, call count and the rolled box's
-    parent, for the rolled view and the panel of a collapsed module."""
+def _modules(history: "ModelHistory", calls: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """One entry per module address, its calls taken together: the rolled view's module
+    nodes and boxes, and the panel of a collapsed module."""
     modules = history.modules
-    by_label = {r.label: r for r in history}
     entries: dict[str, dict[str, Any]] = {}
     for address, module in modules.items():
-        outputs = [label for call in module.call_outputs for label in call]
-        shapes = (shape_text(s) for s in _shapes_of(tuple(outputs), by_label))
+        own = [entry for entry in calls.values() if entry["address"] == address]
+        inputs = [shape for entry in own for shape in entry["inputs"]]
+        outputs = [shape for entry in own for shape in entry["outputs"]]
         entries[address] = {"type": module.type_name, "params": module.num_params,
                             "calls": module.num_passes, "children": list(module.children),
-                            "lines": list(module_lines(module_title(address, modules, True),
-                                                       module, shapes))}
+                            "inputs": _distinct(inputs), "outputs": _distinct(outputs),
+                            "lines": _box_lines(module_title(address, modules, True), module,
+                                                inputs, outputs)}
     return entries
+
+
+def _distinct(shapes: list[list[int]]) -> list[list[int]]:
+    return [list(s) for s in dict.fromkeys(tuple(s) for s in shapes)]
+
+
+def _box_lines(title: str, module: ModuleRecord | None, inputs: list[list[int]],
+               outputs: list[list[int]]) -> list[str]:
+    """A collapsed module's node: `address (Type)`, what goes in and out, its parameters."""
+    lines = [title]
+    for word, shapes in (("in", inputs), ("out", outputs)):
+        texts = [shape_text(s) for s in _distinct(shapes)]
+        if texts:
+            more = f" +{len(texts) - MAX_SHAPES_SHOWN} more" if len(texts) > MAX_SHAPES_SHOWN else ""
+            lines.append(f"{word}: " + ", ".join(texts[:MAX_SHAPES_SHOWN]) + more)
+    if module is not None and module.num_params:
+        lines.append(f"params: {module.num_params:,}")
+    return lines
 
 
 def _failure(history: "ModelHistory") -> dict[str, Any] | None:

@@ -20,7 +20,8 @@ from torchlog.vis.viewer.data import page_data
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
-__all__ = ["MODES", "READABLE_NODES", "ViewerPage", "default_view", "page_html", "show", "to_html"]
+__all__ = ["MODES", "READABLE_NODES", "ViewerPage", "count_nodes", "default_view", "page_html",
+           "show", "to_html", "viewer_script"]
 
 MODES = ("unrolled", "rolled")
 # The default depth is the deepest one that draws at most this many nodes: about what fits
@@ -30,6 +31,9 @@ READABLE_NODES = 60
 # with every module collapsed opens rolled (a long loop folds into a few nodes).
 MAX_UNROLLED_NODES = 1500
 NOTEBOOK_HEIGHT_PX = 640
+# The page's script, in order. The parts share one function scope (state, helpers), so
+# the page stays a classic inline script: notebooks may refuse modules and blob URLs.
+SCRIPT_PARTS = ("graph.js", "draw.js", "navigate.js", "panel.js", "controls.js")
 
 
 class ViewerPage(str):
@@ -108,6 +112,12 @@ def _asset(name: str) -> str:
     return (root / folder / name).read_text(encoding="utf-8")
 
 
+def viewer_script() -> str:
+    """The viewer's JavaScript: its parts inside one strict function."""
+    body = "\n".join(_asset(name) for name in SCRIPT_PARTS)
+    return f'(function () {{\n"use strict";\n{body}\n}})();\n'
+
+
 def _script_json(data: dict[str, Any]) -> str:
     """JSON safe inside <script>: no `</script>` or `<!--` can end the element early."""
     text = json.dumps(data, separators=(",", ":"), allow_nan=False)
@@ -137,7 +147,7 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
         data["view"]["focus"] = found.label
     page = Template(_asset("page.html")).substitute(
         title=html.escape(history.model_name), style=_asset("viewer.css"),
-        data=_script_json(data), graphviz=_asset("graphviz.js"), viewer=_asset("viewer.js"))
+        data=_script_json(data), graphviz=_asset("graphviz.js"), viewer=viewer_script())
     return ViewerPage(page)
 
 

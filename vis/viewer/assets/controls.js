@@ -1,0 +1,110 @@
+// Export as SVG or PNG, the toolbar, and start-up.
+// ----- export -------------------------------------------------------------------------------------
+function currentSvgText() {
+  const svg = state.drawn.svg.cloneNode(true);
+  const full = state.drawn.full || graphBox(state.drawn.svg);
+  svg.setAttribute("viewBox", full.join(" "));
+  svg.setAttribute("width", full[2]);
+  svg.setAttribute("height", full[3]);
+  svg.setAttribute("xmlns", "http://www.w3.org/2000/svg");
+  return new XMLSerializer().serializeToString(svg);
+}
+
+function download(blob, name) {
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  setTimeout(() => { URL.revokeObjectURL(a.href); a.remove(); }, 1000);
+}
+
+function exportSvg() {
+  if (!state.drawn) return;
+  download(new Blob([currentSvgText()], { type: "image/svg+xml" }), `${DATA.model}.svg`);
+}
+
+// The whole graph as a PNG data URL (at most 16,000 pixels on its longer side).
+function pngDataUrl() {
+  const full = state.drawn.full || graphBox(state.drawn.svg);
+  const scale = Math.min(2, 16000 / Math.max(full[2], full[3]));
+  return new Promise((resolve, reject) => {
+    const image = new Image();
+    image.onload = () => {
+      const canvas = document.createElement("canvas");
+      canvas.width = Math.ceil(full[2] * scale);
+      canvas.height = Math.ceil(full[3] * scale);
+      const ctx = canvas.getContext("2d");
+      ctx.fillStyle = "white";
+      ctx.fillRect(0, 0, canvas.width, canvas.height);
+      ctx.drawImage(image, 0, 0, canvas.width, canvas.height);
+      resolve(canvas.toDataURL("image/png"));
+    };
+    image.onerror = () => reject(new Error("the SVG could not be drawn on a canvas"));
+    image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(currentSvgText());
+  });
+}
+
+async function exportPng() {
+  if (!state.drawn) return;
+  const blob = await (await fetch(await pngDataUrl())).blob();
+  download(blob, `${DATA.model}.png`);
+}
+
+// ----- controls -------------------------------------------------------------------------------------
+async function setDepth(depth) {
+  state.depth = Math.max(1, Math.min(maxDepth + 1, depth | 0));
+  state.forceDraw = false;
+  expandToDepth();
+  await render("depth " + state.depth);
+  fit();
+}
+
+async function setMode(mode) {
+  state.mode = mode;
+  state.selected = null;
+  state.forceDraw = false;
+  expandToDepth();
+  await render("mode " + mode);
+  fit();
+}
+
+function installControls() {
+  ui.mode.onchange = () => setMode(ui.mode.value);
+  ui.depth.onchange = () => setDepth(parseInt(ui.depth.value, 10) || 1);
+  el("torchlog-expand-all").onclick = () => setDepth(maxDepth + 1);
+  el("torchlog-collapse-all").onclick = () => setDepth(1);
+  ui.direction.onchange = async () => { state.direction = ui.direction.value; await render("direction"); fit(); };
+  ui.buffers.onchange = async () => { state.showBuffers = ui.buffers.checked; await render("buffers"); fit(); };
+  el("torchlog-fit").onclick = fit;
+  el("torchlog-export-svg").onclick = exportSvg;
+  el("torchlog-export-png").onclick = exportPng;
+  ui.search.addEventListener("keydown", (ev) => { if (ev.key === "Enter") { ev.preventDefault(); runSearch(); } });
+  ui.search.addEventListener("change", () => { if (ui.search.value) runSearch(); });
+  ui.graph.addEventListener("click", onClick);
+  ui.panel.addEventListener("click", onPanelClick);
+  window.addEventListener("resize", () => state.view && fit());
+  installPanZoom();
+}
+
+async function start() {
+  installControls();
+  fillSearchList();
+  expandToDepth();
+  syncControls();
+  if (!DATA.passes.length) { setStatus("this history has no ops", true); return; }
+  setStatus("loading Graphviz…");
+  graphviz = await window.torchlogGraphviz.Graphviz.load();
+  await render("open");
+  fit();
+  if (DATA.view.focus) await goTo(DATA.view.focus);
+  else if (DATA.failure) select(FAILED_KEY);
+  document.body.dataset.ready = "true";
+}
+
+Object.assign(window.torchlogViewer, { runSearch, svgText: currentSvgText, pngDataUrl });
+window.torchlogViewer.ready = start().catch((err) => {
+  setStatus("could not draw the graph: " + err.message, true);
+  document.body.dataset.ready = "error";
+  throw err;
+});

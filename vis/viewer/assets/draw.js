@@ -1,0 +1,224 @@
+// Drawing: DOT text for the current state, laid out by Graphviz (WebAssembly) into SVG,
+// tagged with data-label / data-module for tests and scripts; pan, zoom and centring.
+// ----- DOT text ------------------------------------------------------------------------
+function quote(text) {
+  return '"' + String(text).replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n") + '"';
+}
+
+function attrs(obj) {
+  const parts = Object.entries(obj).filter(([, v]) => v !== "" && v !== undefined)
+    .map(([k, v]) => k + "=" + quote(v));
+  return parts.length ? " [" + parts.join(", ") + "]" : "";
+}
+
+function boxTitle(moduleKey) {
+  const entry = state.mode === "rolled" ? DATA.modules[moduleKey] : DATA.calls[moduleKey];
+  return "\u229F " + (entry ? entry.lines[0] : moduleKey);  // a boxed minus: click to collapse
+}
+
+function buildDot(placed, edgeList) {
+  const ids = new Map();  // DOT/SVG id -> {key, type: node|box}
+  const boxChildren = new Map([[null, { nodes: [], boxes: [] }]]);
+  const boxId = new Map();
+  for (const unit of placed.units.values()) {
+    let parent = null;
+    unit.boxes.forEach((box) => {
+      if (!boxChildren.has(box)) {
+        boxChildren.set(box, { nodes: [], boxes: [] });
+        boxChildren.get(parent).boxes.push(box);
+        boxId.set(box, "c" + boxId.size);
+        ids.set(boxId.get(box), { key: box, type: "box" });
+      }
+      parent = box;
+    });
+    boxChildren.get(parent).nodes.push(unit);
+  }
+  const nodeId = new Map();
+  const lines = ["digraph torchlog {"];
+  const graph = { rankdir: state.direction, ...DATA.dot.graph };
+  if (placed.units.size > DATA.dot.largeNodes) Object.assign(graph, DATA.dot.large);
+  lines.push("graph" + attrs(graph), "node" + attrs(DATA.dot.node), "edge" + attrs(DATA.dot.edge));
+  const writeBox = (box, depth) => {
+    const content = boxChildren.get(box);
+    for (const unit of content.nodes) {
+      const id = "n" + nodeId.size;
+      nodeId.set(unit.key, id);
+      ids.set(id, { key: unit.key, type: "node", unit });
+      const style = { ...DATA.dot.kinds[unit.kind] };
+      if (unit.kind !== "module" && unit.members[0] && unit.members[0].inplace) Object.assign(style, DATA.dot.inplace);
+      lines.push(quote(unit.key) + attrs({ id, label: nodeLines(unit).join("\n"), ...style }));
+    }
+    for (const child of content.boxes) {
+      lines.push("subgraph " + quote("cluster_" + child) + " {");
+      lines.push("graph" + attrs({ id: boxId.get(child), label: boxTitle(child), style: "rounded",
+        penwidth: Math.max(1, 3 - 0.5 * (depth + 1)).toFixed(1), fontsize: "10", labeljust: "l",
+        labelloc: state.direction === "BT" ? "b" : "t" }));
+      writeBox(child, depth + 1);
+      lines.push("}");
+    }
+  };
+  writeBox(null, 0);
+  edgeList.forEach((e, i) => lines.push(quote(e.tail) + " -> " + quote(e.head) + attrs({ id: "e" + i, ...e.attrs })));
+  lines.push("}");
+  return { dot: lines.join("\n"), ids, nodeId, boxId };
+}
+
+// ----- drawing ---------------------------------------------------------------------------
+let graphviz = null;
+
+async function render(reason) {
+  const started = performance.now();
+  const placed = placement();
+  const edgeList = edges(placed);
+  if (placed.units.size > MAX_DRAWN && !state.forceDraw) {
+    tooLarge(placed.units.size);
+    return;
+  }
+  const built = buildDot(placed, edgeList);
+  let svgText;
+  try {
+    svgText = graphviz.layout(built.dot, "svg", "dot");
+  } catch (err) {
+    setStatus("layout failed: " + err.message + " (collapse more modules or switch view)", true);
+    throw err;
+  }
+  ui.graph.innerHTML = svgText;
+  const svg = ui.graph.querySelector("svg");
+  svg.removeAttribute("width");
+  svg.removeAttribute("height");
+  annotate(svg, built);
+  state.drawn = { placed, built, svg, edges: edgeList };
+  const ms = performance.now() - started;
+  timings.push({ reason: reason || "render", ms, nodes: placed.units.size, edges: edgeList.length });
+  document.body.dataset.renders = String(timings.length);
+  setStatus(`${placed.units.size} nodes, ${edgeList.length} edges, ${state.mode}; drawn in ${ms.toFixed(0)} ms`);
+  syncControls();
+}
+
+function tooLarge(count) {
+  ui.graph.innerHTML = `<div class="message"><p><b>${count} nodes</b> at this depth: laying out more than
+    ${MAX_DRAWN} nodes takes long and may fail.</p><p>Collapse more modules (a smaller depth), switch to
+    the rolled view, or <button type="button" id="torchlog-draw-anyway">draw anyway</button>.</p></div>`;
+  el("torchlog-draw-anyway").onclick = () => { state.forceDraw = true; render("draw anyway"); };
+  state.drawn = null;
+  timings.push({ reason: "too large", ms: 0, nodes: count, edges: 0 });
+  document.body.dataset.renders = String(timings.length);
+  setStatus(`${count} nodes: not drawn`, true);
+  syncControls();
+}
+
+// Tag the SVG so tests and scripts find nodes by label and boxes by module address.
+function annotate(svg, built) {
+  for (const g of svg.querySelectorAll("g.node, g.cluster")) {
+    const info = built.ids.get(g.id);
+    if (!info) continue;
+    if (info.type === "box") {
+      g.dataset.module = info.key;
+      g.dataset.expanded = "true";
+    } else if (info.unit.kind === "module") {
+      g.dataset.module = info.key.slice(MODULE_PREFIX.length);
+      g.dataset.expanded = "false";
+    } else if (info.unit.kind === "failed") {
+      g.dataset.failed = "true";
+    } else {
+      g.dataset.label = state.mode === "rolled" ? info.unit.members[0].layer : info.key;
+    }
+    g.dataset.key = info.key;
+  }
+  const sel = state.selected && built.nodeId.get(state.selected);
+  if (sel) svg.getElementById(sel).classList.add("torchlog-selected");
+  state.view = null;
+}
+
+function setStatus(text, isError) {
+  ui.status.textContent = text;
+  ui.status.classList.toggle("error", Boolean(isError));
+}
+
+function syncControls() {
+  ui.mode.value = state.mode;
+  ui.depth.value = String(state.depth);
+  ui.depth.max = String(maxDepth + 1);
+  ui.direction.value = state.direction;
+  ui.buffers.checked = state.showBuffers;
+}
+
+// ----- pan and zoom (the SVG viewBox) -------------------------------------------------------
+function graphBox(svg) {
+  const box = svg.viewBox.baseVal;
+  return [box.x, box.y, box.width, box.height];
+}
+
+function setView(view) {
+  const svg = state.drawn && state.drawn.svg;
+  if (!svg) return;
+  state.view = view;
+  svg.setAttribute("viewBox", view.map((v) => v.toFixed(2)).join(" "));
+}
+
+function fit() {
+  const svg = state.drawn && state.drawn.svg;
+  if (!svg) return;
+  const full = state.drawn.full || (state.drawn.full = graphBox(svg));
+  const rect = ui.graph.getBoundingClientRect();
+  const scale = Math.min(rect.width / full[2], rect.height / full[3], 1.5);
+  if (scale >= 0.35) {
+    const w = rect.width / scale, h = rect.height / scale;
+    setView([full[0] - (w - full[2]) / 2, full[1] - (h - full[3]) / 2, w, h]);
+    return;
+  }
+  // Too big to read whole: show the start of the graph (the inputs) at a readable size.
+  const w = rect.width / 0.7, h = rect.height / 0.7;
+  const top = state.direction === "BT" ? full[1] + full[3] - h : full[1];
+  setView([full[0] + Math.max(0, (full[2] - w) / 2), top, w, h]);
+}
+
+function zoomAt(clientX, clientY, factor) {
+  const view = state.view;
+  if (!view) return;
+  const rect = ui.graph.getBoundingClientRect();
+  const fx = (clientX - rect.left) / rect.width, fy = (clientY - rect.top) / rect.height;
+  const w = view[2] * factor, h = view[3] * factor;
+  setView([view[0] + (view[2] - w) * fx, view[1] + (view[3] - h) * fy, w, h]);
+}
+
+function centerOn(element) {
+  const svg = state.drawn && state.drawn.svg;
+  if (!svg || !element) return;
+  const box = element.getBBox();
+  const ctm = element.getCTM(), root = svg.getCTM();
+  // getBBox is in the element's own user space; map its centre into the SVG's viewBox space.
+  const point = svg.createSVGPoint();
+  point.x = box.x + box.width / 2;
+  point.y = box.y + box.height / 2;
+  const centre = point.matrixTransform(root.inverse().multiply(ctm));
+  const rect = ui.graph.getBoundingClientRect();
+  const scale = Math.max(0.6, Math.min(1.2, rect.width / (box.width * 3), rect.height / (box.height * 3)));
+  const w = rect.width / scale, h = rect.height / scale;
+  setView([centre.x - w / 2, centre.y - h / 2, w, h]);
+}
+
+function installPanZoom() {
+  let drag = null;
+  ui.graph.addEventListener("wheel", (ev) => {
+    ev.preventDefault();
+    zoomAt(ev.clientX, ev.clientY, Math.exp(ev.deltaY * 0.0015));
+  }, { passive: false });
+  ui.graph.addEventListener("mousedown", (ev) => {
+    if (ev.button !== 0 || !state.view) return;
+    drag = { x: ev.clientX, y: ev.clientY, view: state.view.slice(), moved: false };
+  });
+  window.addEventListener("mousemove", (ev) => {
+    if (!drag) return;
+    const dx = ev.clientX - drag.x, dy = ev.clientY - drag.y;
+    if (Math.abs(dx) + Math.abs(dy) > 3) { drag.moved = true; ui.graph.classList.add("dragging"); }
+    const rect = ui.graph.getBoundingClientRect();
+    const k = drag.view[2] / rect.width;
+    setView([drag.view[0] - dx * k, drag.view[1] - dy * k, drag.view[2], drag.view[3]]);
+  });
+  window.addEventListener("mouseup", () => {
+    if (drag && drag.moved) ui.graph.dataset.justDragged = "1";
+    drag = null;
+    ui.graph.classList.remove("dragging");
+  });
+}

@@ -1,0 +1,174 @@
+// What to draw: the model's passes indexed once, the viewer's state, which node each pass
+// goes to, and the edges between those nodes.
+
+const DATA = JSON.parse(document.getElementById("torchlog-data").textContent);
+const MODULE_PREFIX = "module ";  // keys of collapsed modules; labels never hold a space
+const FAILED_KEY = "failed op";
+const MAX_DRAWN = 2500;  // above this many nodes, ask before laying out (dot slows, then overflows)
+const el = (id) => document.getElementById(id);
+const ui = {
+  graph: el("torchlog-graph"), panel: el("torchlog-panel"), status: el("torchlog-status"),
+  mode: el("torchlog-mode"), depth: el("torchlog-depth"), search: el("torchlog-search"),
+  direction: el("torchlog-direction"), buffers: el("torchlog-buffers"),
+};
+
+// ----- the model, indexed once ---------------------------------------------------------
+const passByLabel = new Map(DATA.passes.map((p) => [p.label, p]));
+const layerByLabel = new Map(DATA.layers.map((l) => [l.label, l]));
+const chains = {  // module keys holding each pass, outermost first
+  unrolled: new Map(DATA.passes.map((p) => [p.label, p.modules.slice().reverse()])),
+  rolled: new Map(DATA.passes.map((p) => [p.label,
+    p.modules.slice().reverse().map((call) => call.slice(0, call.lastIndexOf(":")))])),
+};
+const moduleDepth = { unrolled: new Map(), rolled: new Map() };
+for (const mode of ["unrolled", "rolled"]) {
+  for (const chain of chains[mode].values()) {
+    chain.forEach((key, i) => {
+      const known = moduleDepth[mode].get(key);
+      if (known === undefined || i + 1 < known) moduleDepth[mode].set(key, i + 1);
+    });
+  }
+}
+const maxDepth = Math.max(0, ...[...moduleDepth.unrolled.values()]);
+
+const state = {
+  mode: DATA.view.mode,
+  depth: DATA.view.depth === null ? maxDepth + 1 : DATA.view.depth,
+  expanded: new Set(),
+  direction: "TB",
+  showBuffers: false,
+  selected: null,     // a node key, or a module key
+  forceDraw: false,
+  drawn: null,        // what the last render drew
+  view: null,         // the SVG viewBox [x, y, w, h]
+};
+const timings = [];
+window.torchlogViewer = { state, timings, data: DATA, render, goTo, setDepth, setMode, toggleModule };
+
+function expandToDepth() {
+  state.expanded = new Set();
+  for (const [key, depth] of moduleDepth[state.mode]) {
+    if (depth < state.depth) state.expanded.add(key);
+  }
+}
+
+// ----- what to draw ---------------------------------------------------------------------
+// Each visible pass goes to one node: its own (or its layer's when rolled), or the node
+// of the outermost collapsed module holding it. Nodes sit in the boxes of the expanded
+// modules around them.
+function placement() {
+  const rolled = state.mode === "rolled";
+  const units = new Map();      // node key -> {key, kind, boxes, members}
+  const unitOf = new Map();     // pass label -> node key
+  const layerUnit = new Map();
+  for (const p of DATA.passes) {
+    if (p.kind === "buffer" && !state.showBuffers) continue;
+    let key = rolled ? layerUnit.get(p.layer) : undefined;
+    if (key === undefined) {
+      key = unitKey(p, rolled, units);
+      if (rolled) layerUnit.set(p.layer, key);
+    }
+    unitOf.set(p.label, key);
+    units.get(key).members.push(p);
+  }
+  if (DATA.failure) {
+    units.set(FAILED_KEY, { key: FAILED_KEY, kind: "failed", boxes: [], members: [] });
+  }
+  return { units, unitOf };
+}
+
+function unitKey(p, rolled, units) {
+  const chain = chains[state.mode].get(p.label);
+  let boxes = chain;
+  let key = rolled ? p.layer : p.label;
+  let kind = p.kind;
+  for (let i = 0; i < chain.length; i++) {
+    if (!state.expanded.has(chain[i])) {
+      boxes = chain.slice(0, i);
+      key = MODULE_PREFIX + chain[i];
+      kind = "module";
+      break;
+    }
+  }
+  if (!units.has(key)) units.set(key, { key, kind, boxes, members: [] });
+  return key;
+}
+
+function nodeLines(unit) {
+  if (unit.kind === "failed") return DATA.failure.lines;
+  if (unit.kind === "module") {
+    const moduleKey = unit.key.slice(MODULE_PREFIX.length);
+    const entry = state.mode === "rolled" ? DATA.modules[moduleKey] : DATA.calls[moduleKey];
+    const lines = entry ? entry.lines.slice() : [moduleKey];
+    lines[0] = "\u229E " + lines[0];  // a boxed plus: click to expand
+    return lines;
+  }
+  const first = unit.members[0];
+  return state.mode === "rolled" ? layerByLabel.get(first.layer).lines : first.lines;
+}
+
+function edges(placed) {
+  const found = new Map();
+  const add = (tail, head, attrs) => {
+    if (tail === undefined || head === undefined || tail === head) return;
+    const id = [tail, head, attrs.label || "", attrs.taillabel || "", attrs.headlabel || ""].join("\u0001");
+    if (!found.has(id)) found.set(id, { tail, head, attrs });
+  };
+  if (state.mode === "rolled") rolledEdges(placed, add); else unrolledEdges(placed, add);
+  if (DATA.failure) {
+    for (const label of DATA.failure.parents) {
+      const parent = passByLabel.get(label);
+      if (parent) add(placed.unitOf.get(label), FAILED_KEY, { label: shapeText(parent.shape) });
+    }
+  }
+  return [...found.values()];
+}
+
+function unrolledEdges(placed, add) {
+  for (const p of DATA.passes) {
+    const head = placed.unitOf.get(p.label);
+    if (head === undefined) continue;
+    const withArg = p.showArg && !head.startsWith(MODULE_PREFIX);
+    for (const [parentLabel, arg] of p.parents) {
+      const parent = passByLabel.get(parentLabel);
+      const text = shapeText(parent.shape) + (withArg && arg ? "\n" + arg : "");
+      add(placed.unitOf.get(parentLabel), head, { label: text });
+    }
+  }
+}
+
+function rolledEdges(placed, add) {
+  for (const layer of DATA.layers) {
+    const head = layerUnitOf(layer, placed);
+    if (head === undefined) continue;
+    for (const link of layer.parents) {
+      const parent = layerByLabel.get(link.layer);
+      const tail = parent && layerUnitOf(parent, placed);
+      if (tail === undefined) continue;
+      const shape = shapeText(passByLabel.get(parent.passes[0]).shape);
+      if (tail.startsWith(MODULE_PREFIX) || head.startsWith(MODULE_PREFIX)) {
+        add(tail, head, { label: shape });
+        continue;
+      }
+      const spans = {
+        taillabel: link.out === allPasses(parent) ? "" : "Out " + link.out,
+        headlabel: link.in === allPasses(layer) ? "" : "In " + link.in,
+      };
+      const showArg = passByLabel.get(layer.passes[0]).showArg;
+      const args = showArg && link.args.length ? link.args : [""];
+      for (const arg of args) add(tail, head, { label: shape + (arg ? "\n" + arg : ""), ...spans });
+    }
+  }
+}
+
+function layerUnitOf(layer, placed) {
+  for (const label of layer.passes) {
+    const key = placed.unitOf.get(label);
+    if (key !== undefined) return key;
+  }
+  return undefined;
+}
+
+function allPasses(layer) {
+  return layer.passes.length > 1 ? "1-" + layer.passes.length : "1";
+}

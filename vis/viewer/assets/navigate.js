@@ -1,0 +1,134 @@
+// Moving around: clicks that select, expand and collapse, going to a label or module,
+// and search.
+// ----- clicks: select, expand, collapse -------------------------------------------------------
+function onClick(ev) {
+  if (ui.graph.dataset.justDragged) { delete ui.graph.dataset.justDragged; return; }
+  const node = ev.target.closest("g.node");
+  if (node) {
+    if (node.dataset.expanded === "false") {
+      toggleModule(node.dataset.module);
+    } else {
+      select(node.dataset.key);
+    }
+    return;
+  }
+  const box = ev.target.closest("g.cluster");
+  if (box && box.dataset.module) toggleModule(box.dataset.module);
+}
+
+async function toggleModule(moduleKey) {
+  const opening = !state.expanded.has(moduleKey);
+  if (opening) state.expanded.add(moduleKey); else state.expanded.delete(moduleKey);
+  state.selected = opening ? null : MODULE_PREFIX + moduleKey;
+  showModule(moduleKey);
+  await render(opening ? "expand " + moduleKey : "collapse " + moduleKey);
+  focusModule(moduleKey);
+}
+
+function focusModule(moduleKey) {
+  if (!state.drawn) return;
+  fit();
+  const target = state.drawn.svg.querySelector(`[data-module="${cssEscape(moduleKey)}"]`);
+  if (target) { flash(target); centerOn(target); }
+}
+
+function select(key) {
+  state.selected = key;
+  const svg = state.drawn && state.drawn.svg;
+  if (svg) {
+    svg.querySelectorAll(".torchlog-selected").forEach((g) => g.classList.remove("torchlog-selected"));
+    const id = state.drawn.built.nodeId.get(key);
+    if (id) svg.getElementById(id).classList.add("torchlog-selected");
+  }
+  if (key === FAILED_KEY) showFailure();
+  else if (key.startsWith(MODULE_PREFIX)) showModule(key.slice(MODULE_PREFIX.length));
+  else if (state.mode === "rolled") showLayer(layerByLabel.get(key));
+  else showPass(passByLabel.get(key));
+}
+
+function flash(element) {
+  element.classList.add("torchlog-hit");
+  setTimeout(() => element.classList.remove("torchlog-hit"), 2500);
+}
+
+// Move the view to a pass (or layer, or module): expand the modules around it, redraw when
+// that changed what is drawn, centre on it and open its panel.
+async function goTo(label) {
+  const pass = passByLabel.get(label) || (layerByLabel.has(label) ? passByLabel.get(layerByLabel.get(label).passes[0]) : null);
+  if (!pass) return false;
+  if (pass.kind === "buffer" && !state.showBuffers) { state.showBuffers = true; state.drawn = null; }
+  const chain = chains[state.mode].get(pass.label);
+  let changed = !state.drawn;
+  for (const key of chain) if (!state.expanded.has(key)) { state.expanded.add(key); changed = true; }
+  if (changed) { await render("go to " + label); fit(); }
+  const key = state.mode === "rolled" ? pass.layer : pass.label;
+  const target = state.drawn.svg.getElementById(state.drawn.built.nodeId.get(key));
+  select(key);
+  flash(target);
+  centerOn(target);
+  return true;
+}
+
+async function goToModule(moduleKey) {
+  const depth = moduleDepth[state.mode].get(moduleKey);
+  if (depth === undefined) return false;
+  const chainHolding = [...chains[state.mode].values()].find((c) => c.includes(moduleKey));
+  let changed = false;
+  for (const key of chainHolding.slice(0, chainHolding.indexOf(moduleKey))) {
+    if (!state.expanded.has(key)) { state.expanded.add(key); changed = true; }
+  }
+  if (changed) await render("go to " + moduleKey);
+  showModule(moduleKey);
+  focusModule(moduleKey);
+  return true;
+}
+
+// ----- search ----------------------------------------------------------------------------------
+let lastSearch = { text: null, index: -1 };
+
+function searchTargets(text) {
+  const q = text.trim();
+  if (!q) return [];
+  const exact = [];
+  if (passByLabel.has(q) || layerByLabel.has(q)) exact.push({ label: q });
+  const moduleKeys = moduleDepth[state.mode];
+  const asModule = state.mode === "rolled" ? q.replace(/:\d+$/, "") : (moduleKeys.has(q) ? q : q + ":1");
+  if (moduleKeys.has(asModule)) exact.push({ module: asModule });
+  if (exact.length) return exact;
+  const lower = q.toLowerCase();
+  const found = [];
+  for (const p of DATA.passes) {
+    if (p.func.toLowerCase() === lower || p.type === lower || p.label.startsWith(q)) found.push({ label: p.label });
+  }
+  if (!found.length) {
+    for (const key of moduleKeys.keys()) if (key.includes(q)) found.push({ module: key });
+    for (const p of DATA.passes) if (p.label.includes(q) || p.func.toLowerCase().includes(lower)) found.push({ label: p.label });
+  }
+  return found;
+}
+
+async function runSearch() {
+  const text = ui.search.value;
+  const targets = searchTargets(text);
+  if (!targets.length) { setStatus(`nothing matches ${JSON.stringify(text)}`, true); return false; }
+  lastSearch.index = lastSearch.text === text ? (lastSearch.index + 1) % targets.length : 0;
+  lastSearch.text = text;
+  const target = targets[lastSearch.index];
+  const ok = target.label ? await goTo(target.label) : await goToModule(target.module);
+  setStatus(`match ${lastSearch.index + 1} of ${targets.length} for ${JSON.stringify(text)}`);
+  return ok;
+}
+
+function fillSearchList() {
+  const options = new Set();
+  for (const p of DATA.passes) { options.add(p.label); options.add(p.func); }
+  for (const key of Object.keys(DATA.modules)) options.add(key);
+  const list = el("torchlog-search-list");
+  const fragment = document.createDocumentFragment();
+  [...options].slice(0, 5000).forEach((value) => {
+    const option = document.createElement("option");
+    option.value = value;
+    fragment.appendChild(option);
+  });
+  list.appendChild(fragment);
+}

@@ -1,0 +1,140 @@
+// The panel: what was recorded about the selected pass, layer, module or failure.
+// ----- the panel ----------------------------------------------------------------------------------
+function esc(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+function cssEscape(text) {
+  return window.CSS && CSS.escape ? CSS.escape(text) : String(text).replace(/"/g, '\\"');
+}
+
+function shapeText(shape) {
+  return shape.length === 1 ? `(${shape[0]},)` : `(${shape.join(", ")})`;
+}
+
+function humanSize(bytes) {
+  const units = ["B", "KB", "MB", "GB"];
+  let value = bytes, i = 0;
+  while (Math.abs(value) >= 1024 && i < units.length - 1) { value /= 1024; i++; }
+  return i === 0 ? `${value} B` : `${value.toFixed(1)} ${units[i]}`;
+}
+
+function num(value) {
+  if (value === null || value === undefined) return "–";
+  if (Number.isInteger(value)) return String(value);
+  const abs = Math.abs(value);
+  return abs !== 0 && (abs < 1e-3 || abs >= 1e5) ? value.toExponential(4) : value.toPrecision(5);
+}
+
+function link(label, text) {
+  return `<a data-goto="${esc(label)}">${esc(text || label)}</a>`;
+}
+
+function moduleLink(key) {
+  return `<a data-goto-module="${esc(key)}">${esc(key)}</a>`;
+}
+
+function rows(pairs) {
+  return "<table>" + pairs.filter(([, v]) => v !== null && v !== undefined && v !== "")
+    .map(([k, v]) => `<tr><td>${esc(k)}</td><td>${v}</td></tr>`).join("") + "</table>";
+}
+
+function siteHtml(site) {
+  if (!site) return null;
+  const where = site.line === null ? esc(site.file) : `${esc(site.file)}:${site.line} in ${esc(site.func)}`;
+  return `<code>${where}</code>` + (site.text ? `<pre>${esc(site.text)}</pre>` : "");
+}
+
+function histogramSvg(hist) {
+  const counts = hist.counts, width = 300, height = 60;
+  const peak = Math.max(...counts, 1), barW = width / counts.length;
+  const bars = counts.map((c, i) => {
+    const h = Math.max(c > 0 ? 1 : 0, (c / peak) * height);
+    return `<rect x="${(i * barW).toFixed(1)}" y="${(height - h).toFixed(1)}" width="${Math.max(barW - 1, 1).toFixed(1)}" height="${h.toFixed(1)}"><title>${c}</title></rect>`;
+  }).join("");
+  return `<svg class="hist" width="${width}" height="${height + 14}" viewBox="0 0 ${width} ${height + 14}">${bars}` +
+    `<text x="0" y="${height + 12}" font-size="10">${esc(num(hist.lo))}</text>` +
+    `<text x="${width}" y="${height + 12}" font-size="10" text-anchor="end">${esc(num(hist.hi))}</text></svg>`;
+}
+
+function statsHtml(p) {
+  if (!p.saved) return "<p>Activation not saved.</p>";
+  const s = p.stats;
+  if (!s) return "<p>Saved (no statistics: not a tensor).</p>";
+  const bad = (n) => (n ? `<span class="warn">${n}</span>` : "0");
+  return rows([["min", num(s.min)], ["max", num(s.max)], ["mean", num(s.mean)], ["std", num(s.std)],
+    ["zeros", (100 * s.zeros).toFixed(1) + " %"], ["NaN", bad(s.nan)], ["Inf", bad(s.inf)],
+    ["elements", String(s.numel)]]) + (s.hist ? histogramSvg(s.hist) : "");
+}
+
+function passRows(p) {
+  const modules = p.modules.length ? p.modules.map(moduleLink).join(" ‹ ") : "(top level)";
+  return rows([
+    ["function", `<code>${esc(p.func)}</code>`],
+    ["kind", esc(p.kind) + (p.inplace ? " (in-place)" : "")],
+    ["pass", p.npasses > 1 ? `${p.pass} of ${p.npasses}` : null],
+    ["shape", esc(shapeText(p.shape))],
+    ["dtype", esc(p.dtype)],
+    ["size", humanSize(p.bytes)],
+    ["address", p.address ? `<code>${esc(p.address)}</code>` : null],
+    ["in modules", modules],
+    ["output of", p.outputOf.length ? p.outputOf.map(moduleLink).join(", ") : null],
+    ["call site", siteHtml(p.site)],
+    ["params", p.params.length ? p.params.map(([a, s, n]) => `<code>${esc(a)}</code> ${esc(shapeText(s))}, ${n}`).join("<br>") : null],
+    ["time", p.timeUs ? `${p.timeUs} µs` : null],
+    ["parents", p.parents.length ? p.parents.map(([l, arg]) => link(l) + (arg ? ` <small>(${esc(arg)})</small>` : "")).join("<br>") : "none"],
+    ["children", p.children.length ? p.children.map((l) => link(l)).join("<br>") : "none"],
+    ["gradient", p.grad ? `${esc(shapeText(p.grad.shape))}, norm ${num(p.grad.norm)}` : null],
+  ]);
+}
+
+function showPass(p) {
+  ui.panel.innerHTML = `<h2>${esc(p.label)}</h2>` + passRows(p) + "<h3>Activation</h3>" + statsHtml(p);
+}
+
+function showLayer(layer) {
+  const passes = layer.passes.map((l) => passByLabel.get(l));
+  const first = passes[0];
+  let html = `<h2>${esc(layer.label)}${passes.length > 1 ? ` (x${passes.length})` : ""}</h2>`;
+  if (passes.length === 1) { ui.panel.innerHTML = html + passRows(first) + "<h3>Activation</h3>" + statsHtml(first); return; }
+  html += rows([["function", `<code>${esc(first.func)}</code>`], ["kind", esc(first.kind)],
+    ["passes", String(passes.length)], ["call site", siteHtml(first.site)]]);
+  html += passes.map((p, i) => `<details${i === 0 ? " open" : ""}><summary>pass ${p.pass}: ${esc(shapeText(p.shape))}` +
+    `${p.stats && (p.stats.nan || p.stats.inf) ? ' <span class="warn">NaN/Inf</span>' : ""}</summary>` +
+    passRows(p) + statsHtml(p) + "</details>").join("");
+  ui.panel.innerHTML = html;
+}
+
+function showModule(moduleKey) {
+  const rolled = state.mode === "rolled";
+  const call = rolled ? null : DATA.calls[moduleKey];
+  const address = rolled ? moduleKey : (call ? call.address : moduleKey);
+  const module = DATA.modules[address];
+  const shapes = (list) => (list && list.length ? list.map(shapeText).map(esc).join(", ") : null);
+  const inside = DATA.passes.filter((p) => chains[state.mode].get(p.label).includes(moduleKey)).length;
+  ui.panel.innerHTML = `<h2>${esc(moduleKey)}</h2>` + rows([
+    ["type", module ? esc(module.type) : null],
+    ["calls", module ? String(module.calls) : null],
+    ["this call", call && module && module.calls > 1 ? `${call.call} of ${module.calls}` : null],
+    ["parameters", module ? module.params.toLocaleString() : null],
+    ["input shapes", shapes((call || module || {}).inputs)],
+    ["output shapes", shapes((call || module || {}).outputs)],
+    ["ops inside", String(inside)],
+    ["state", state.expanded.has(moduleKey) ? "expanded" : "collapsed"],
+    ["submodules", module && module.children.length ? module.children.map(esc).join(", ") : null],
+  ]);
+}
+
+function showFailure() {
+  const f = DATA.failure;
+  ui.panel.innerHTML = `<h2 class="error">forward pass failed</h2>` +
+    `<p class="error">${esc(f.text)}</p>` + (f.error ? `<pre class="error">${esc(f.error)}</pre>` : "") +
+    rows([["inputs", f.parents.length ? f.parents.map((l) => link(l)).join("<br>") : "none"]]);
+}
+
+function onPanelClick(ev) {
+  const a = ev.target.closest("a");
+  if (!a) return;
+  if (a.dataset.goto) goTo(a.dataset.goto);
+  else if (a.dataset.gotoModule) goToModule(a.dataset.gotoModule);
+}
