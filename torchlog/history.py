@@ -309,6 +309,34 @@ class ModelHistory(Sequence):
 
         return render(self, **options)
 
+    def to_html(self, path: str, mode: str | None = None, depth: int | None = None,
+                focus: str | None = None) -> str:
+        """Write the interactive viewer (zoom, expand modules, inspect values) to one HTML file.
+
+        The page is self-contained and loads nothing from the network; `mode`
+        ('unrolled' or 'rolled') and `depth` set the view it opens with (None: readable
+        defaults); `focus` (a label or module address) opens it centred on that node.
+        Returns the path written; see `torchlog.vis.viewer.to_html`.
+
+        Raises:
+            LogFileNotFoundError: the folder of `path` does not exist.
+            InvalidOptionError: an unknown mode or a depth below 1.
+        """
+        from torchlog.vis.viewer import to_html  # lazily: vis sits above the core
+
+        return to_html(self, path, mode, depth, focus)
+
+    def show(self, mode: str | None = None, depth: int | None = None,
+             focus: str | None = None) -> Any:
+        """The interactive viewer inline in a notebook (Jupyter, JupyterLab, VS Code).
+
+        Returns a page object that displays itself as a cell's result (an iframe); no
+        extension is needed. Outside notebooks, use `to_html`.
+        """
+        from torchlog.vis.viewer import show
+
+        return show(self, mode, depth, focus)
+
     def to_dot(self, **options: Any) -> str:
         """The DOT source of the graph, available even without the `dot` binary."""
         from torchlog.vis import to_dot
