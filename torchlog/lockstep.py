@@ -63,54 +63,71 @@ class LockstepUnion:
 
     def join(self, a: int, b: int) -> None:
         """Join the components of `a` and `b` and, transitively, their same-place neighbours."""
+        find, size, root, tables = self.find, self._size, self._root, self._tables
         pending = [(a, b)]
         while pending:
             a, b = pending.pop()
-            big, small = self.find(a), self.find(b)
+            big, small = root[a], root[b]
+            if root[big] != big:  # most nodes sit one step below their root
+                big = find(big)
+            if root[small] != small:
+                small = find(small)
             if big == small:
                 continue
-            if self._size[big] < self._size[small]:
+            if size[big] < size[small]:
                 big, small = small, big
-            self._root[small] = big
-            self._size[big] += self._size[small]
-            table = self._table(big)
-            for position, neighbour in self._take_table(small).items():
+            root[small] = big
+            size[big] += size[small]
+            table = tables.get(big)
+            if table is None:
+                table = tables[big] = dict(self._positions(big))
+            smaller = tables.pop(small, None)
+            for position, neighbour in (self._positions(small) if smaller is None
+                                        else smaller.items()):
                 known = table.setdefault(position, neighbour)
                 if known != neighbour:
                     pending.append((known, neighbour))
 
     def components(self) -> list[list[int]]:
         """Every component as a sorted list of node indexes, ordered by first member."""
+        find, root = self.find, self._root
         by_root: dict[int, list[int]] = {}
-        for index in range(len(self.nodes)):
-            by_root.setdefault(self.find(index), []).append(index)
+        for index, up in enumerate(root):
+            if root[up] != up:
+                up = find(up)
+            by_root.setdefault(up, []).append(index)
         return list(by_root.values())
 
-    def _table(self, root: int) -> dict[Position, int]:
-        table = self._tables.get(root)
-        if table is None:
-            table = self._tables[root] = self._positions(root)
-        return table
-
-    def _take_table(self, root: int) -> dict[Position, int]:
-        table = self._tables.pop(root, None)
-        return self._positions(root) if table is None else table
-
-    def _positions(self, index: int) -> dict[Position, int]:
-        """Where each op neighbour of one node sits relative to it."""
-        points = self.points
-        node = self.nodes[index]
-        table: dict[Position, int] = {}
-        seen: dict[tuple, int] = {}
+    def _positions(self, index: int) -> list[tuple[Position, int]]:
+        """Where each op neighbour of one node sits relative to it, as (position, neighbour)."""
+        points, nodes = self.points, self.nodes
+        out: list[tuple[Position, int]] = []
+        keys: set[Position] = set()
+        node = nodes[index]
         for parent, slot in node.parents:
-            if points[parent] != NOT_AN_OP:
-                base = (_PARENT, points[parent], slot)
-                nth = seen[base] = seen.get(base, -1) + 1
-                table.setdefault(base + (nth,), parent)
+            point = points[parent]
+            if point != NOT_AN_OP:
+                key = (_PARENT, point, slot, 0)
+                if key in keys:
+                    key = _next_free(key, keys)
+                keys.add(key)
+                out.append((key, parent))
         for child in node.children:
-            if points[child] != NOT_AN_OP:
-                slot = next(s for p, s in self.nodes[child].parents if p == index)
-                base = (_CHILD, points[child], slot)
-                nth = seen[base] = seen.get(base, -1) + 1
-                table.setdefault(base + (nth,), child)
-        return table
+            point = points[child]
+            if point != NOT_AN_OP:
+                for parent, slot in nodes[child].parents:
+                    if parent == index:  # the first slot it was passed in
+                        break
+                key = (_CHILD, point, slot, 0)
+                if key in keys:
+                    key = _next_free(key, keys)
+                keys.add(key)
+                out.append((key, child))
+        return out
+
+
+def _next_free(key: Position, keys: set[Position]) -> Position:
+    """`key` with its last field (n-th neighbour) counted up until it is not in `keys`."""
+    while key in keys:
+        key = key[:3] + (key[3] + 1,)
+    return key

@@ -55,31 +55,28 @@ def group_into_layers(nodes: Sequence[RawNode]) -> list[list[int]]:
     return union.components()
 
 
-def _program_point(node: RawNode) -> tuple | None:
-    if node.kind != "op":
-        return None  # inputs, outputs, buffers and foreign tensors never fold
-    modules = tuple(address for address, _ in node.module_path)
-    params = tuple(p.address for p in node.params)
-    # Parameter-free ops also need the same call site: a loop runs one instruction many
-    # times, while a module called before a loop and inside it is called from two places.
-    site = None if params else node.site
-    return (node.func_name, modules, params, node.output_index, site)
-
-
 def _program_points(nodes: Sequence[RawNode]) -> tuple[list[int], list[tuple[list[int], bool]]]:
     """Per node its program point id; per id its executions and whether it has parameters."""
     ids: dict[tuple, int] = {}
     points: list[int] = []
     groups: list[tuple[list[int], bool]] = []
+    addresses: dict[int, tuple[str, ...]] = {}  # consecutive ops share one module path tuple
     for index, node in enumerate(nodes):
-        key = _program_point(node)
-        if key is None:
-            points.append(NOT_AN_OP)
+        if node.kind != "op":
+            points.append(NOT_AN_OP)  # inputs, outputs, buffers and foreign tensors never fold
             continue
+        path = node.module_path
+        modules = addresses.get(id(path))
+        if modules is None:  # the path tuples live as long as the nodes: ids stay unique
+            modules = addresses[id(path)] = tuple(address for address, _ in path)
+        params = tuple(p.address for p in node.params) if node.params else ()
+        # Parameter-free ops also need the same call site: a loop runs one instruction many
+        # times, while a module called before a loop and inside it is called from two places.
+        key = (node.func_name, modules, params, node.output_index, None if params else node.site)
         point = ids.get(key)
         if point is None:
             point = ids[key] = len(groups)
-            groups.append(([], bool(key[2])))
+            groups.append(([], bool(params)))
         points.append(point)
         groups[point][0].append(index)
     return points, groups
