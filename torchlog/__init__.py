@@ -20,7 +20,8 @@ from torchlog.errors import (
     LogFilePermissionError,
 )
 from torchlog.history import ModelHistory
-from torchlog.records import LayerRecord, ModuleRecord, ParamInfo, PassRecord, TensorMeta
+from torchlog.options import LogOptions
+from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
 from torchlog.replay import validate_saved_activations
 
 __version__ = "0.1.0"
@@ -37,13 +38,15 @@ def load(path: str) -> ModelHistory:
 
 
 def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | None = None,
-            **options: Any) -> Any:
+            overwrite: bool = False, progress: bool | None = None,
+            compression: str | None = None) -> Any:
     """Run `layers` over a dataset into one array per layer in the file `to`; see torchlog.storage.extract.
 
     Raises:
         MissingDependencyError: h5py or tqdm is not installed (`pip install torchlog[storage]`).
     """
-    return _storage().extract(model, inputs, layers, to, batch_size, **options)
+    return _storage().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
+                              progress=progress, compression=compression)
 
 
 def _storage() -> Any:
@@ -55,7 +58,8 @@ def _storage() -> Any:
     return storage
 
 __all__ = [
-    "log_forward_pass", "load", "extract", "validate_saved_activations", "ModelHistory", "PassRecord", "LayerRecord", "ModuleRecord", "ParamInfo",
+    "log_forward_pass", "LogOptions", "load", "extract", "validate_saved_activations", "ModelHistory",
+    "PassRecord", "LayerRecord", "ModuleRecord", "ParamInfo", "NodeKind",
     "TensorMeta", "TorchlogError", "LayerNotFoundError", "InvalidOptionError",
     "InvalidArgumentTypeError", "ModelInputError", "NondeterministicModelError", "NestedLoggingError",
     "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",

@@ -4,18 +4,19 @@ from __future__ import annotations
 import reprlib
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from time import perf_counter
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchlog.arguments import Request, check_render_options, validate
+from torchlog.arguments import Request, check_render_options, prepare
 from torchlog.assemble import assemble
-from torchlog.capture import CapturedPass, Failure, run_captured
+from torchlog.capture.run import module_table
+from torchlog.capture import CaptureOptions, CapturedPass, Failure, run_captured
 from torchlog.errors import (
     CompiledModelWarning,
-    InvalidArgumentTypeError,
     InvalidOptionError,
     MissingDependencyError,
     ModelInputError,
@@ -24,27 +25,13 @@ from torchlog.errors import (
 from torchlog.gradients import GradientStore, warn_if_no_gradients
 from torchlog.history import ModelHistory, RunInfo, all_passes
 from torchlog.model_state import compiled_text, eager_submodules, is_compiled, model_kept
+from torchlog.options import LogOptions, merge_options
 from torchlog.seeding import seeded
 from torchlog.selection import resolve
 
 
-def log_forward_pass(
-    model: nn.Module,
-    input_args: Any,
-    input_kwargs: dict[str, Any] | None = None,
-    layers_to_save: str | list[str | int] | None = "all",
-    keep_unsaved_layers: bool = False,
-    output_device: str | torch.device = "same",
-    detach_saved_tensors: bool = False,
-    random_seed: int | None = None,
-    activation_postfunc: Callable[[torch.Tensor], Any] | None = None,
-    save_function_args: bool = False,
-    on_error: str = "raise",
-    save_gradients: bool = False,
-    save_to: str | None = None,
-    overwrite: bool = False,
-    **render_options: Any,
-) -> ModelHistory:
+def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, Any] | None = None,
+                     *, options: LogOptions | None = None, **keywords: Any) -> ModelHistory:
     """Run `model` on the inputs and record every tensor op into a ModelHistory.
 
     Args:
@@ -52,31 +39,11 @@ def log_forward_pass(
         input_args: a tensor, or a list/tuple of positional arguments. A tuple is passed
             as one argument when forward takes exactly one positional parameter.
         input_kwargs: keyword arguments for forward.
-        layers_to_save: 'all', None (metadata only), or a list of labels, module
-            addresses, int positions and label substrings.
-        keep_unsaved_layers: with a list, also keep the layers not saved (no tensors).
-        output_device: 'same', or a device to move saved copies to ('cpu').
-        detach_saved_tensors: save copies cut from the autograd graph.
-        random_seed: seed for every global RNG during the pass (random when None);
-            the RNG states are restored afterwards.
-        activation_postfunc: applied to each activation before it is saved.
-        save_function_args: keep each op's function and arguments (for replay).
-        on_error: 'raise' (default) re-raises the model's exception with the partial
-            history attached as `exc.torchlog_history`; 'return' returns the partial history.
-        save_gradients: hook every tensor that requires grad, so that a later
-            `backward()` from a saved tensor (or `history.log_backward(loss)`) fills each
-            pass's `grad_contents`. Needs detach_saved_tensors=False; warns when no
-            logged tensor requires grad (torch.no_grad(), frozen model and inputs).
-            `history.layers_with_grads` lists the passes a backward reached. With
-            save_to, each gradient is written into the file as it arrives (a later
-            backward replaces it) and `grad_contents` reads it back, like the
-            activations; `tensor_contents` then comes from the file, cut from the graph,
-            so compute the loss from the model's own output (a forward hook keeps it).
-        save_to: an HDF5 file to stream the saved activations into as they are produced
-            (needs h5py: `pip install torchlog[storage]`); the history then reads them
-            from the file on access, so memory stays bounded. See docs/storage.md.
-        overwrite: with save_to, replace an existing file instead of refusing.
-        **render_options: `vis_opt`, `vis_nesting_depth`, `vis_outpath`, ... (see torchlog.vis).
+        options: what to keep, as a LogOptions (layers_to_save, random_seed, save_to, ...).
+        **keywords: the fields of LogOptions by name, as TorchLens spells them
+            (`layers_to_save=['conv2d_3_7']`, `random_seed=0`, ...), overriding `options`;
+            and rendering options `vis_opt`, `vis_nesting_depth`, `vis_outpath`, ...
+            (see torchlog.vis).
 
     Returns:
         The ModelHistory of the pass.
@@ -99,21 +66,23 @@ def log_forward_pass(
         ['input_1_0', 'linear_1_1', 'relu_1_2', 'output_1_3']
         >>> history[2].layer_type
         'relu'
+        >>> only_relu = torchlog.LogOptions(layers_to_save=["relu"], random_seed=0)
+        >>> torchlog.log_forward_pass(net, torch.rand(2, 4), options=only_relu).layer_labels
+        ['relu_1_2']
     """
     if is_compiled(model):
         warnings.warn(compiled_text(model), CompiledModelWarning, stacklevel=2)
         model = model._orig_mod
-    request = validate(model, input_args, input_kwargs, layers_to_save, keep_unsaved_layers,
-                       output_device, detach_saved_tensors, random_seed, activation_postfunc,
-                       save_function_args, on_error, save_gradients)
+    options, render_keywords = merge_options(options, keywords)
+    request = prepare(model, input_args, input_kwargs, options)
     compiled = compiled_text(model, request.named_modules)  # compiled submodules
     if compiled is not None:
         warnings.warn(compiled, CompiledModelWarning, stacklevel=2)
-    render = check_render_options(render_options)
-    writer = _open_log_file(save_to, overwrite, request)
+    render = check_render_options(render_keywords)
+    writer = _open_log_file(request)
     grad_was_enabled = torch.is_grad_enabled()
     history = _log(request) if writer is None else _log_to_file(request, writer)
-    if save_gradients:
+    if options.save_gradients:
         warn_if_no_gradients(history.info.num_gradient_hooks or 0, grad_was_enabled)
     if render is not None:
         history.render_graph(**render)
@@ -123,35 +92,32 @@ def log_forward_pass(
 def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistory:
     """`gradient_sink` stores the gradients of the history returned (GradientStore's sink)."""
     started = perf_counter()
-    if request.entries is None or request.entries == []:
-        request.options.save_all = request.entries is None
-        request.options.save_indices = frozenset()
-        return _run(request, started, prune=False, gradient_sink=gradient_sink)
-    request.options.save_all = False
-    request.options.save_indices = frozenset()
-    probe = _run(request, started, prune=False, on_error="return")
-    chosen = _reached(probe, request.entries) if probe.is_partial else resolve(probe, request.entries)
-    request.options.save_indices = frozenset(chosen)
+    entries = request.entries
+    if entries is None or entries == []:
+        capture = replace(request.capture, save_all=entries is None, save_indices=frozenset())
+        return _run(request, capture, started, prune=False, gradient_sink=gradient_sink)
+    nothing = replace(request.capture, save_all=False, save_indices=frozenset())
+    probe = _run(request, nothing, started, prune=False, on_error="return")
+    chosen = _reached(probe, entries) if probe.is_partial else resolve(probe, entries)
     # A model that raised raises again here (or returns), now with the chosen ops saved.
-    history = _run(request, started, prune=not request.keep_unsaved, expected=probe,
-                   gradient_sink=gradient_sink)
-    return history
+    return _run(request, replace(nothing, save_indices=frozenset(chosen)), started,
+                prune=not request.options.keep_unsaved_layers, expected=probe,
+                gradient_sink=gradient_sink)
 
 
-def _open_log_file(save_to: Any, overwrite: Any, request: Request) -> Any:
-    """A torchlog.storage LogWriter wired into the capture options, or None without save_to."""
-    if save_to is None:
+def _open_log_file(request: Request) -> Any:
+    """A torchlog.storage LogWriter wired into the request's capture options, or None
+    without save_to."""
+    if request.options.save_to is None:
         return None
-    if not isinstance(overwrite, bool):
-        raise InvalidArgumentTypeError(f"overwrite must be True or False, got {overwrite!r}")
     try:
         from torchlog.storage.writer import LogWriter  # lazily: h5py is an optional extra
     except ImportError as exc:
         raise MissingDependencyError(
             f"save_to needs h5py ({exc}); install it with `pip install torchlog[storage]`") from exc
-    writer = LogWriter(save_to, overwrite)
-    writer.describe_run(type(request.model).__name__, request.seed)
-    request.options.sink = writer.sink
+    writer = LogWriter(request.options.save_to, request.options.overwrite)
+    writer.describe_run(type(request.model).__name__, request.seed, module_table(request.named_modules))
+    request.capture = replace(request.capture, sink=writer.sink)
     return writer
 
 
@@ -177,18 +143,21 @@ def _reached(partial: ModelHistory, entries: list) -> set[int]:
     return chosen
 
 
-def _run(request: Request, started: float, prune: bool,
+def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
          expected: ModelHistory | None = None, on_error: str | None = None,
          gradient_sink: Callable | None = None) -> ModelHistory:
-    """One captured pass built into a history; re-raises what forward raised (see _partial)."""
+    """One captured pass keeping what `capture` asks for, built into a history; re-raises
+    what forward raised (see _partial)."""
     store = _hook_gradients(request, gradient_sink)
+    if store is not None:
+        capture = replace(capture, on_node=store.on_node)
     with seeded(request.seed), model_kept(request.named_modules), eager_submodules(request.named_modules):
         # KeyboardInterrupt and SystemExit leave at once, unchanged; Exceptions come back.
-        captured = run_captured(request.model, request.args, request.kwargs, request.options,
+        captured = run_captured(request.model, request.args, request.kwargs, capture,
                                 request.named_modules)
     if captured.failure is not None:
         history = _partial(request, captured, started, prune, store)
-        if (on_error or request.on_error) == "return":
+        if (on_error or request.options.on_error) == "return":
             return history
         error, captured = captured.failure.error, None
         try:
@@ -237,11 +206,10 @@ def _input_error(request: Request, captured: CapturedPass, exc: Exception) -> Mo
 
 
 def _hook_gradients(request: Request, sink: Callable | None) -> GradientStore | None:
-    if not request.save_gradients:
+    """A fresh GradientStore for one run (its indexes restart), or None without save_gradients."""
+    if not request.options.save_gradients:
         return None
-    store = GradientStore(request.options.output_device, sink)  # one per run: indexes restart
-    request.options.on_node = store.on_node
-    return store
+    return GradientStore(request.capture.output_device, sink)
 
 
 def _build(request: Request, captured: CapturedPass, started: float, prune: bool,

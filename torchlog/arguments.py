@@ -1,4 +1,4 @@
-"""Checking log_forward_pass's arguments, all before the model runs."""
+"""Checking the model and inputs of log_forward_pass before it runs, and the state of one call."""
 from __future__ import annotations
 
 import inspect
@@ -7,48 +7,40 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from torchlog.capture.options import CaptureOptions
-from torchlog.errors import (
-    InvalidArgumentTypeError,
-    InvalidOptionError,
-    ModelInputError,
-    TorchlogWarning,
-)
-from torchlog.gradients import check_gradient_options
+from torchlog.errors import InvalidArgumentTypeError, ModelInputError, TorchlogWarning
+from torchlog.options import LogOptions
 from torchlog.seeding import new_seed
-from torchlog.selection import check_entries
 
-_ON_ERROR = ("raise", "return")
+__all__ = ["Request", "prepare", "positional_args", "check_render_options"]
 
 
 @dataclass(slots=True)
 class Request:
-    """Validated arguments of one log_forward_pass call."""
+    """One log_forward_pass call, checked: the user's options and the state of this run.
+
+    The user's LogOptions stays as given (it is frozen); what one run adds to it (the
+    seed it drew, the entries to resolve, the capture options with the log file's sink
+    and the plugins) lives here, private to the call.
+    """
 
     model: nn.Module
     args: tuple
     kwargs: dict
-    seed: int
-    options: CaptureOptions
-    entries: list | None  # None = save all; [] = save none
-    keep_unsaved: bool
-    on_error: str
-    save_gradients: bool = False
+    options: LogOptions  # as the user gave them, keywords merged in
+    seed: int  # options.random_seed, or one drawn for this call
+    entries: list | None  # layers_to_save: None = save all; [] = save none
+    capture: CaptureOptions  # what every pass of this call keeps, before selection
     named_modules: list = field(default_factory=list)  # one walk of the model, reused
 
 
-def validate(model: Any, input_args: Any, input_kwargs: Any, layers_to_save: Any,
-             keep_unsaved_layers: Any, output_device: Any, detach_saved_tensors: Any,
-             random_seed: Any, activation_postfunc: Any, save_function_args: Any, on_error: Any,
-             save_gradients: Any = False) -> Request:
-    """Check every argument of log_forward_pass before the model runs.
+def prepare(model: Any, input_args: Any, input_kwargs: Any, options: LogOptions) -> Request:
+    """Check the model and its inputs before it runs, and set up the run `options` ask for.
 
     Raises:
-        InvalidArgumentTypeError, InvalidOptionError, ModelInputError: naming the bad
-            value and what is accepted.
+        InvalidArgumentTypeError, ModelInputError: naming the bad value and what is accepted.
     """
     if not isinstance(model, nn.Module):
         raise InvalidArgumentTypeError(
@@ -63,31 +55,11 @@ def validate(model: Any, input_args: Any, input_kwargs: Any, layers_to_save: Any
             f"input_kwargs must be a dict of keyword arguments, got {input_kwargs!r}")
     args = positional_args(model, input_args)
     _check_binds(model, args, input_kwargs)
-    for name, value in (("keep_unsaved_layers", keep_unsaved_layers),
-                        ("detach_saved_tensors", detach_saved_tensors),
-                        ("save_function_args", save_function_args),
-                        ("save_gradients", save_gradients)):
-        if not isinstance(value, bool):
-            raise InvalidArgumentTypeError(f"{name} must be True or False, got {value!r}")
-    if random_seed is not None and (isinstance(random_seed, bool) or not isinstance(random_seed, int)):
-        raise InvalidArgumentTypeError(
-            f"random_seed must be None or an int in [0, 2**63), got {random_seed!r} of type "
-            f"{type(random_seed).__name__}")
-    if random_seed is not None and not 0 <= random_seed < 2**63:
-        raise InvalidOptionError(
-            f"random_seed must be None or an int in [0, 2**63), got {random_seed!r}")
-    if activation_postfunc is not None and not callable(activation_postfunc):
-        raise InvalidArgumentTypeError(
-            f"activation_postfunc must be callable (tensor -> tensor) or None, got {activation_postfunc!r}")
-    if on_error not in _ON_ERROR:
-        raise InvalidOptionError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
-    check_gradient_options(save_gradients, detach_saved_tensors)
-    options = CaptureOptions(detach=detach_saved_tensors, output_device=_device(output_device),
-                             postfunc=activation_postfunc, save_function_args=save_function_args,
-                             plugins=_plugins())
-    return Request(model, args, input_kwargs, new_seed() if random_seed is None else random_seed,
-                   options, check_entries(layers_to_save), keep_unsaved_layers, on_error,
-                   save_gradients, named)
+    capture = CaptureOptions(detach=options.detach_saved_tensors, output_device=options.device,
+                             postfunc=options.activation_postfunc,
+                             save_function_args=options.save_function_args, plugins=_plugins())
+    seed = new_seed() if options.random_seed is None else options.random_seed
+    return Request(model, args, input_kwargs, options, seed, options.entries, capture, named)
 
 
 def _plugins() -> tuple:
@@ -108,26 +80,6 @@ def _check_not_meta(named_modules: list) -> None:
             raise ModelInputError(
                 f"model parameter or buffer {name!r} is on the meta device and holds no values; "
                 "materialise the model first (model.to_empty(device='cpu') and load weights)")
-
-
-def _device(value: Any) -> torch.device | None:
-    if isinstance(value, str) and value == "same":
-        return None
-    accepted = "'same' or an available torch device such as 'cpu' or 'cuda:0'"
-    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
-        raise InvalidArgumentTypeError(
-            f"output_device must be {accepted}, got {value!r} of type {type(value).__name__}")
-    try:
-        device = torch.device(value)
-        if device.type != "cpu":  # fail now, not halfway through the forward pass
-            with torch._C.DisableTorchFunction():
-                torch.empty(0, device=device)
-    except (RuntimeError, TypeError, AssertionError) as exc:  # torch's "not compiled with CUDA" is an AssertionError
-        raise InvalidOptionError(f"output_device must be {accepted}, got {value!r}: {exc}") from exc
-    if device.type == "meta":
-        raise InvalidOptionError(
-            f"output_device must be {accepted}, got {value!r}: meta tensors hold no values")
-    return device
 
 
 def _forward_params(model: nn.Module) -> list[inspect.Parameter] | None:
@@ -167,13 +119,15 @@ def _check_binds(model: nn.Module, args: tuple, kwargs: dict) -> None:
 
 
 def check_render_options(options: dict[str, Any]) -> dict[str, Any] | None:
+    """The `render_graph` arguments the `vis_*` keywords ask for, or None to draw nothing.
+
+    Warns (TorchlogWarning) when rendering options come with vis_opt='none'.
+
+    Raises:
+        InvalidArgumentTypeError, InvalidOptionError: see torchlog.vis.options_from_keywords.
+    """
     if not options:
         return None
-    unknown = [k for k in options if not k.startswith("vis_")]
-    if unknown:
-        raise InvalidArgumentTypeError(
-            f"log_forward_pass() got unexpected keyword argument(s) {unknown!r}; rendering "
-            "options start with 'vis_' (vis_opt, vis_nesting_depth, vis_outpath, vis_fileformat)")
     vis_opt = options.get("vis_opt", "none")
     if vis_opt == "none":
         if len(options) > ("vis_opt" in options):
