@@ -28,6 +28,7 @@ RNG_STATES = "rng_states"  # group: rng_state per op index, when save_function_a
 BY_LABEL = "by_label"  # group: hard links label -> activation, added when the log is finished
 METADATA = "metadata"  # scalar JSON string describing the history (see metadata.py)
 NODE_LOG = "node_log"  # group: raw nodes too long for an activation's `nodes` attribute (recovery.py)
+MODULE_TABLE = "module_table"  # scalar JSON string: the model's modules, written when streaming starts
 
 CHUNK_BYTES = 4 << 20  # target chunk size: big enough for fast writes, small for slicing
 

@@ -16,11 +16,11 @@ from typing import Any, NamedTuple
 import h5py
 
 from torchlog.assemble import assemble
-from torchlog.capture.captured import CapturedPass
+from torchlog.capture.captured import CapturedPass, ModuleInfo
 from torchlog.capture.nodes import RawNode
 from torchlog.history import ModelHistory, RunInfo
 from torchlog.records import LazyTensor, ParamInfo, TensorMeta
-from torchlog.storage.format import ACTIVATIONS, NODE_LOG, dtype_from_name, dtype_name
+from torchlog.storage.format import ACTIVATIONS, MODULE_TABLE, NODE_LOG, dtype_from_name, dtype_name
 from torchlog.storage.lazy import StoredTensor, StoredValue
 from torchlog.storage.metadata import decode, encode
 from torchlog.storage.values import set_text_attrs
@@ -34,8 +34,11 @@ _MAX_ATTR_BYTES = 60_000  # HDF5 keeps attributes in the object header, which ho
 class NodeLog:
     """Tags each streamed activation with the raw nodes created since the previous one."""
 
-    def __init__(self, file: h5py.File) -> None:
+    def __init__(self, file: h5py.File, modules: Sequence[ModuleInfo] = ()) -> None:
+        """Start the log of `file`, writing the model's module table into it first."""
         self._file = file
+        table = [[m.address, m.type_name, m.num_params, list(m.children)] for m in modules]
+        file.create_dataset(MODULE_TABLE, data=json.dumps(table), dtype=h5py.string_dtype())
         self._nodes: Sequence[RawNode] | None = None  # the node list of the pass being tagged
         self._num_written = 0
 
@@ -91,12 +94,12 @@ def rebuild(file: h5py.File, path: str, failure: str,
     stored, log_id = file[ACTIVATIONS], str(file.attrs.get("log_id", ""))
     for node, entry in zip(nodes, entries):
         node.saved = _stored(stored, os.path.abspath(path), log_id, str(node.index), entry["shares"])
-    # Assembled like any finished pass, without module records: the log holds no module
-    # table, and module calls were written with the metadata that never came.
-    built = assemble(CapturedPass(tuple(nodes), module_calls={}, call_outputs={}))
+    # Assembled like any finished pass. What each module call returned was to come with
+    # the metadata, so the rebuilt module records list no outputs.
+    built = assemble(CapturedPass(tuple(nodes), _module_calls(nodes), {}, _stored_modules(file)))
     info = RunInfo(model_name=str(file.attrs.get("model_name", "unknown model")),
                    random_seed=int(file.attrs.get("random_seed", 0)), elapsed_s=0.0,
-                   num_modules=0, is_partial=True, failure=failure)
+                   num_modules=len(built.modules), is_partial=True, failure=failure)
     return cls(built.passes, built.layers, built.modules, info)
 
 
@@ -117,6 +120,23 @@ def _stored_nodes(file: h5py.File) -> list[dict[str, Any]]:
             break
         entries.extend(batch)
     return entries
+
+
+def _stored_modules(file: h5py.File) -> tuple[ModuleInfo, ...]:
+    """The module table written when streaming started; () in logs from before it was."""
+    table = file.get(MODULE_TABLE)
+    if table is None:
+        return ()
+    return tuple(ModuleInfo(a, t, n, tuple(c)) for a, t, n, c in json.loads(table.asstr()[()]))
+
+
+def _module_calls(nodes: list[RawNode]) -> dict[str, int]:
+    """How many times each module was called, as far as the nodes' module paths tell."""
+    calls: dict[str, int] = {}
+    for node in nodes:
+        for address, call in node.module_path:
+            calls[address] = max(calls.get(address, 0), call)
+    return calls
 
 
 def _raw_node(d: dict[str, Any]) -> RawNode:

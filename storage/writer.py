@@ -18,6 +18,7 @@ from typing import Any
 import h5py
 import torch
 
+from torchlog.capture.captured import ModuleInfo
 from torchlog.capture.nodes import RawNode
 from torchlog.errors import IncompleteLogWarning, InvalidArgumentTypeError, LogFileError
 from torchlog.history import ModelHistory, all_passes
@@ -71,14 +72,16 @@ class LogWriter:
         self._overwrite = overwrite
         self.log_id = uuid.uuid4().hex  # lets stored values notice their file was replaced
         self._run_attrs: dict[str, Any] = {}
+        self._modules: tuple[ModuleInfo, ...] = ()  # written when streaming starts, for recovery
         self._streaming = streaming
         self._file: h5py.File | None = None
         self._node_log: NodeLog | None = None
         self._gradients = GradientFile(self._abspath, self.log_id, self.options)
 
-    def describe_run(self, model_name: str, random_seed: int) -> None:
-        """Record what a rebuilt (crashed) log needs to name the run."""
+    def describe_run(self, model_name: str, random_seed: int, modules: Sequence[ModuleInfo] = ()) -> None:
+        """Record what a rebuilt (crashed) log needs: the run's name and seed, the module table."""
         self._run_attrs = {"model_name": model_name, "random_seed": random_seed}
+        self._modules = tuple(modules)
 
     def _open(self) -> h5py.File:
         """Create the file (status 'writing') on first use, so failed checks leave nothing."""
@@ -88,7 +91,7 @@ class LogWriter:
                                "status": WRITING, "created": _now(), "log_id": self.log_id,
                                **self._run_attrs})
             self._activations = file.create_group(ACTIVATIONS)
-            self._node_log = NodeLog(file) if self._streaming else None
+            self._node_log = NodeLog(file, self._modules) if self._streaming else None
             if self._streaming:
                 heap.streaming_started()  # else freed copies would not shrink the heap
             self._file = file

@@ -6,6 +6,7 @@ from torchlog.errors import (
     InvalidArgumentTypeError,
     InvalidOptionError,
     LayerNotFoundError,
+    LintError,
     LogFileError,
     LogFileExistsError,
     LogFileNotFoundError,
@@ -20,6 +21,7 @@ from torchlog.errors import (
     LogFilePermissionError,
 )
 from torchlog.history import ModelHistory
+from torchlog.invariants import lint
 from torchlog.options import LogOptions
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
 from torchlog.replay import validate_saved_activations
@@ -63,5 +65,5 @@ __all__ = [
     "TensorMeta", "TorchlogError", "LayerNotFoundError", "InvalidOptionError",
     "InvalidArgumentTypeError", "ModelInputError", "NondeterministicModelError", "NestedLoggingError",
     "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
-    "LogFilePermissionError", "IncompleteLogWarning",
+    "LogFilePermissionError", "IncompleteLogWarning", "lint", "LintError",
 ]

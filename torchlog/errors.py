@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+_MAX_LISTED = 20  # LintError lists this many problems, then counts the rest
 
 
 class TorchlogError(Exception):
@@ -55,6 +57,23 @@ class LogFilePermissionError(TorchlogError, PermissionError):
 
 class MissingDependencyError(TorchlogError, ImportError):
     """An optional dependency (graphviz, h5py, pandas, dot) is not installed."""
+
+
+class LintError(TorchlogError, AssertionError):
+    """A history breaks structural invariants (`torchlog.lint`); a torchlog bug or a hand edit.
+
+    `problems` holds one line per broken invariant; the message lists them.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        lines = [f"  - {p}" for p in self.problems[:_MAX_LISTED]]
+        if len(self.problems) > _MAX_LISTED:
+            lines.append(f"  ... and {len(self.problems) - _MAX_LISTED} more")
+        super().__init__(f"the history breaks {len(self.problems)} invariant(s):\n" + "\n".join(lines))
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.problems,)
 
 
 class TorchlogWarning(UserWarning):

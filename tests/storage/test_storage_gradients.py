@@ -85,6 +85,7 @@ _LOAD_SCRIPT = textwrap.dedent("""
     import sys, torch, torchlog
     from torchlog.storage.lazy import StoredTensor
     history = torchlog.load(sys.argv[1])
+    torchlog.lint(history)
     assert all(isinstance(p.grad_saved, StoredTensor) for p in history if p.has_grad)
     torch.save({p.label: p.grad_contents for p in history}, sys.argv[2])
 """)
@@ -145,7 +146,9 @@ def test_a_second_backward_overwrites_as_in_memory(tmp_path: Path) -> None:
     _assert_same_gradients(memory, streamed)
     changed = {p.label for p in streamed if p.has_grad and not same_bits(p.grad_contents, first[p.label])}
     assert changed and "linear_1_1:2" in changed and "output_1_4" not in changed
-    assert_same_history(streamed, torchlog.load(tmp_path / "run.h5"))
+    loaded = torchlog.load(tmp_path / "run.h5")
+    torchlog.lint(loaded)
+    assert_same_history(streamed, loaded)
     grad_bytes = sum(p.grad_contents.numel() * 4 for p in streamed if p.label in changed)
     assert os.path.getsize(tmp_path / "run.h5") - size < grad_bytes / 2  # space reused, not appended
 
@@ -156,7 +159,9 @@ def test_bfloat16_gradients_round_trip(tmp_path: Path) -> None:
     streamed, out, _ = _log(tmp_path / "run.h5", dtype=torch.bfloat16)
     _loss(out).backward()
     _assert_same_gradients(memory, streamed)
-    _assert_same_gradients(memory, torchlog.load(tmp_path / "run.h5"))
+    loaded = torchlog.load(tmp_path / "run.h5")
+    torchlog.lint(loaded)
+    _assert_same_gradients(memory, loaded)
     with h5py.File(tmp_path / "run.h5", "r") as file:
         dataset = file["gradients"][str(streamed["linear_1_1:1"].op_index)]
         assert dataset.dtype == "uint16" and dataset.attrs["torch_dtype"] == "bfloat16"

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import torchlog
-from tests.invariants import check_history
 from tests.models import TINY_MODELS, ModuleOutputs, StructuredIO
 from tests.storage.compare import assert_same_history
 from torchlog.demo import DemoNet
@@ -49,7 +48,7 @@ def test_a_saved_history_loads_exactly_as_it_was(saved_logs: dict, name: str) ->
     in_memory, _, saved, _ = saved_logs[name]
     loaded = torchlog.load(saved)
     assert_same_history(in_memory, loaded)
-    check_history(loaded)
+    torchlog.lint(loaded, complete=True)
     assert all(isinstance(p.saved, StoredTensor) for p in loaded if p.saved is not None)
 
 
@@ -57,6 +56,7 @@ def test_a_saved_history_loads_exactly_as_it_was(saved_logs: dict, name: str) ->
 def test_a_streamed_log_loads_exactly_as_log_forward_pass_returned_it(saved_logs: dict, name: str) -> None:
     in_memory, streamed, _, path = saved_logs[name]
     loaded = torchlog.load(path)
+    torchlog.lint(loaded, complete=True)
     assert_same_history(streamed, loaded)
     assert_same_history(in_memory, loaded, same_run=False)
 
@@ -65,6 +65,7 @@ def test_a_streamed_log_loads_exactly_as_log_forward_pass_returned_it(saved_logs
 def test_a_loaded_history_renders_the_same_graph(saved_logs: dict, name: str) -> None:
     in_memory, _, saved, _ = saved_logs[name]
     loaded = torchlog.load(saved)
+    torchlog.lint(loaded)
     for mode in ("unrolled", "rolled"):
         assert in_memory.to_dot(mode=mode) == loaded.to_dot(mode=mode)
 
@@ -153,6 +154,7 @@ def test_damaged_records_are_reported(saved_logs: dict, tmp_path: Path) -> None:
 def test_reading_after_the_file_was_replaced_is_reported(saved_logs: dict, tmp_path: Path) -> None:
     shutil.copy(saved_logs["demo"][2], tmp_path / "run.h5")
     loaded = torchlog.load(tmp_path / "run.h5")
+    torchlog.lint(loaded)
     shutil.copy(saved_logs["simple_recurrent"][2], tmp_path / "run.h5")
     with pytest.raises(LogFileError, match="run.h5' is not the log this history was read from.*replaced"):
         loaded["batchnorm_1_4"].tensor_contents
@@ -168,6 +170,7 @@ def test_a_save_cut_short_after_its_records_opens_with_the_values_it_has(
         file.attrs["status"] = "writing"
     with pytest.warns(IncompleteLogWarning, match="cut.h5' is incomplete"):
         loaded = torchlog.load(tmp_path / "cut.h5")
+    torchlog.lint(loaded)
     assert loaded.is_partial and loaded.layer_labels == in_memory.layer_labels
     assert len({p.saved.name for p in loaded if p.saved is not None}) == 5  # the output shares one
     for record in loaded:

@@ -73,6 +73,7 @@ def _start(path: Path, which: str, say_at: int = -1) -> subprocess.Popen:
 def _recovered(path: Path) -> torchlog.ModelHistory:
     with pytest.warns(IncompleteLogWarning, match="incomplete: .*rebuilt .* ops from the nodes stored with its activations"):
         history = torchlog.load(path)
+    torchlog.lint(history)  # a rebuilt history keeps every invariant of a logged one
     assert history.is_partial
     with h5py.File(path, "r") as file:
         assert file.attrs["status"] == "writing"  # never marked complete
@@ -95,6 +96,10 @@ def test_a_process_killed_mid_forward_leaves_every_finished_layer_readable(tmp_p
     assert [(l.label, l.num_passes) for l in recovered.layers] == [
         (l.label, l.num_passes) for l in expected.layers if l.label != "output_1_4"]
     assert recovered["linear_1_1:2"].parent_labels == ("add_1_3:1",)
+    # The module table was written when streaming started; the calls come from the nodes.
+    cell = recovered.modules["cell"]
+    assert (cell.type_name, cell.num_params, cell.num_passes) == ("Linear", 72, 3)
+    assert cell.call_layers == expected.modules["cell"].call_layers
 
 
 @pytest.mark.parametrize("attempt", range(2))

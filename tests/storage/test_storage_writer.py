@@ -80,6 +80,7 @@ def test_every_dtype_streams_and_reads_back_exactly(tmp_path: Path) -> None:
     in_memory = torchlog.log_forward_pass(AllDtypes(), x, random_seed=0)
     torchlog.log_forward_pass(AllDtypes(), x, random_seed=0, save_to=tmp_path / "run.h5")
     loaded = torchlog.load(tmp_path / "run.h5")
+    torchlog.lint(loaded, complete=True)
     assert_same_history(in_memory, loaded, same_run=False)
     dtypes = {p.tensor_contents.dtype for p in loaded}
     assert {torch.bfloat16, torch.float16, torch.bool, torch.complex64, torch.uint8} <= dtypes
@@ -102,7 +103,9 @@ def test_chosen_layers_stream_and_the_pruned_history_round_trips(tmp_path: Path,
     with h5py.File(tmp_path / "run.h5", "r") as file:
         assert len(file["activations"]) == in_memory.num_saved
     assert_same_history(in_memory, streamed, same_run=False)
-    assert_same_history(streamed, torchlog.load(tmp_path / "run.h5"))
+    loaded = torchlog.load(tmp_path / "run.h5")
+    torchlog.lint(loaded, complete=keep_unsaved)
+    assert_same_history(streamed, loaded)
 
 
 def test_postfunc_results_that_are_not_tensors_are_stored(tmp_path: Path) -> None:
@@ -113,6 +116,7 @@ def test_postfunc_results_that_are_not_tensors_are_stored(tmp_path: Path) -> Non
     in_memory = torchlog.log_forward_pass(model, x, activation_postfunc=summary)
     torchlog.log_forward_pass(model, x, activation_postfunc=summary, save_to=tmp_path / "run.h5")
     loaded = torchlog.load(tmp_path / "run.h5")
+    torchlog.lint(loaded, check_saved=False)
     for a, b in zip(in_memory, loaded):
         assert same_value(a.tensor_contents, b.tensor_contents)
     assert isinstance(loaded["relu_1_2"].tensor_contents["shape"], tuple)
@@ -143,6 +147,7 @@ def test_a_model_that_raises_leaves_a_readable_incomplete_file(tmp_path: Path, o
         assert "ValueError" in file.attrs["failure"]
     with pytest.warns(IncompleteLogWarning, match="incomplete: .*ValueError"):
         loaded = torchlog.load(path)
+    torchlog.lint(loaded)
     assert loaded.is_partial and loaded.layer_labels == partial.layer_labels == ["input_1_0", "sin_1_1", "mul_1_2", "exp_1_3"]
     assert_same_history(partial, loaded)
     assert torch.equal(loaded["exp_1_3"].tensor_contents, (torch.sin(x) * 2).exp())
@@ -153,7 +158,9 @@ def test_history_save_writes_an_in_memory_history_with_compression(tmp_path: Pat
     assert history.save(tmp_path / "run.h5", compression="gzip", compression_opts=4) == str(tmp_path / "run.h5")
     with h5py.File(tmp_path / "run.h5", "r") as file:
         assert file["activations/0"].compression == "gzip"
-    assert_same_history(history, torchlog.load(tmp_path / "run.h5"))
+    loaded = torchlog.load(tmp_path / "run.h5")
+    torchlog.lint(loaded, complete=True)
+    assert_same_history(history, loaded)
 
 
 def test_gradients_and_rng_states_round_trip_as_tensors(tmp_path: Path) -> None:
@@ -163,6 +170,7 @@ def test_gradients_and_rng_states_round_trip_as_tensors(tmp_path: Path) -> None:
     history.log_backward(history[-1].tensor_contents.sum())
     history.save(tmp_path / "run.h5")
     loaded = torchlog.load(tmp_path / "run.h5")
+    torchlog.lint(loaded, complete=True)
     assert loaded.layers_with_grads == history.layers_with_grads != []
     assert isinstance(loaded["dropout_1_2"].rng_state, torch.Tensor)
     assert_same_history(history, loaded)  # grad_contents and rng_state compared bit for bit
@@ -173,6 +181,7 @@ def test_a_loaded_history_saves_to_a_new_file(tmp_path: Path) -> None:
     torchlog.load(tmp_path / "a.h5").save(tmp_path / "b.h5")
     os.remove(tmp_path / "a.h5")  # b must hold its own copies
     history_b = torchlog.load(tmp_path / "b.h5")
+    torchlog.lint(history_b, complete=True)
     assert history_b.layer_labels == history.layer_labels
     assert torch.equal(history_b["linear_1_1:3"].tensor_contents, history_b[7].tensor_contents)
 

@@ -3,8 +3,8 @@ from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
 from torchlog.capture.nodes import RawNode
 from torchlog.capture.options import CaptureOptions, Plugin
 from torchlog.capture.recorder import Recorder
-from torchlog.capture.run import run_captured
+from torchlog.capture.run import module_table, run_captured
 from torchlog.capture.sink import ActivationSink
 
 __all__ = ["ActivationSink", "CaptureOptions", "CapturedPass", "Failure", "ModuleInfo", "Plugin",
-           "RawNode", "Recorder", "run_captured"]
+           "RawNode", "Recorder", "module_table", "run_captured"]

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 
 from torchlog.capture.captured import CapturedPass, ModuleInfo
@@ -88,10 +89,13 @@ def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dic
 
 
 def module_table(named_modules: list[tuple[str, nn.Module]]) -> tuple[ModuleInfo, ...]:
-    """One ModuleInfo per submodule (the root left out), in model order, from one bottom-up sweep."""
+    """One ModuleInfo per submodule (the root left out), in model order, from one bottom-up sweep.
+
+    Parameters of lazy modules that forward has not yet initialised count as 0.
+    """
     num_params: dict[str, int] = {}
     for address, module in reversed(named_modules):  # children come after their parent
-        own = sum(p.numel() for p in module._parameters.values() if p is not None)
+        own = sum(p.numel() for p in module._parameters.values() if p is not None and not is_lazy(p))
         num_params[address] = own + sum(num_params.get(f"{address}.{c}" if address else c, 0)
                                         for c in module._modules)
     return tuple(
