@@ -73,6 +73,9 @@ def measure(name: str, model: nn.Module, inputs: tuple, driver, folder: Path) ->
     row = {"model": name, "ops": len(history), "html_mb": len(page.encode()) / 2**20,
            "build_s": build_s, "open_wall_s": open_wall_s,
            "open_ms": driver.execute_script("return window.torchlogViewer.openedMs"),
+           "phases_ms": driver.execute_script(
+               "const p = window.torchlogViewer.phases; return `script ${p.script.toFixed(0)}, "
+               "graphviz ${p.graphviz.toFixed(0)}, drawn ${p.drawn.toFixed(0)}`"),
            "open_draw_ms": timings[-1]["ms"],
            "default_nodes": timings[-1]["nodes"], "mode": driver.execute_script(
                "return window.torchlogViewer.state.mode")}

@@ -189,6 +189,17 @@ def test_bad_input_names_the_value(tmp_path):
         page_html({"not": "a history"})
 
 
+def test_an_empty_history_is_refused_by_name(tmp_path):
+    from torchlog.errors import TorchlogError
+    from torchlog.history import ModelHistory, RunInfo
+
+    empty = ModelHistory([], [], {}, RunInfo("Nothing", 0, 0.0, 0))
+    with pytest.raises(TorchlogError, match="holds no ops") as caught:
+        empty.to_html(tmp_path / "empty.html")
+    assert "<ModelHistory of Nothing" in str(caught.value)
+    assert not (tmp_path / "empty.html").exists()
+
+
 def test_a_history_loaded_from_hdf5_opens_with_its_statistics(tmp_path):
     history = _nested()
     history.save(str(tmp_path / "run.h5"))
