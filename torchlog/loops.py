@@ -2,12 +2,12 @@
 
 The rule, applied in one deterministic sweep after the forward pass:
 
-1. Every op has a program point: its function, its module path (addresses, without call
-   numbers), which output of a multi-output op it is, the parameters it applies and, for
-   ops without parameters, the instruction of user code that called it together with
+1. Every op has a program point: its function, which output of a multi-output op it is
+   and either the parameters it applies or, for ops without parameters, its module path
+   (addresses without call numbers), the instruction of user code that called it and
    where each enclosing module was called from. A layer never mixes program points.
-2. Shared parameters: all ops with parameters at one program point are passes of one
-   layer, wherever they run, in whatever loop.
+2. Shared parameters: ops applying the same parameters with the same function are
+   passes of one layer, wherever they run: from any module, line or loop.
 3. Chains: executions of a parameter-free program point that follow each other in a
    chain (each an ancestor of the next, in execution order) are passes of one layer when
    between some two consecutive ones every op is at a program point that runs more than
@@ -65,21 +65,26 @@ def _program_points(nodes: Sequence[RawNode]) -> tuple[list[int], list[tuple[lis
         if node.kind != "op":
             points.append(NOT_AN_OP)  # inputs, outputs, buffers and foreign tensors never fold
             continue
-        path = node.module_path
-        modules = addresses.get(id(path))
-        if modules is None:  # the path tuples live as long as the nodes: ids stay unique
-            modules = addresses[id(path)] = tuple(address for address, _ in path)
-        params = tuple(p.address for p in node.params) if node.params else ()
-        # Parameter-free ops also need the same call site: a loop runs one instruction many
-        # times, while a module called before a loop and inside it is called from two places.
-        key = (node.func_name, modules, params, node.output_index, None if params else node.site)
+        if node.params:  # the same weights applied again, from whichever module or line
+            key = (node.func_name, tuple(p.address for p in node.params), node.output_index)
+        else:
+            key = (node.func_name, _addresses(node.module_path, addresses), node.output_index,
+                   node.site)
         point = ids.get(key)
         if point is None:
             point = ids[key] = len(groups)
-            groups.append(([], bool(params)))
+            groups.append(([], bool(node.params)))
         points.append(point)
         groups[point][0].append(index)
     return points, groups
+
+
+def _addresses(path: tuple, known: dict[int, tuple[str, ...]]) -> tuple[str, ...]:
+    """Module addresses of a module path, without call numbers; one tuple per path object."""
+    addresses = known.get(id(path))
+    if addresses is None:  # the path tuples live as long as the nodes: ids stay unique
+        addresses = known[id(path)] = tuple(address for address, _ in path)
+    return addresses
 
 
 def _chained_runs(nodes: Sequence[RawNode], members: list[int]) -> list[list[int]]:
