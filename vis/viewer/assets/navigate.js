@@ -46,9 +46,12 @@ function select(key) {
   else showPass(passByLabel.get(key));
 }
 
+// Mark what a search or link went to; the mark stays until the next one, so it can be found
+// again after looking elsewhere.
 function flash(element) {
+  if (!element) return;
+  element.ownerSVGElement.querySelectorAll(".torchlog-hit").forEach((g) => g.classList.remove("torchlog-hit"));
   element.classList.add("torchlog-hit");
-  setTimeout(() => element.classList.remove("torchlog-hit"), 2500);
 }
 
 // Move the view to a pass (or layer, or module): expand the modules around it, redraw when
