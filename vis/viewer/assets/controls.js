@@ -76,7 +76,7 @@ function installControls() {
   el("torchlog-collapse-all").onclick = () => setDepth(1);
   ui.direction.onchange = async () => { state.direction = ui.direction.value; await render("direction"); fit(); };
   ui.buffers.onchange = async () => { state.showBuffers = ui.buffers.checked; await render("buffers"); fit(); };
-  el("torchlog-fit").onclick = fit;
+  el("torchlog-fit").onclick = () => fit(true);
   el("torchlog-export-svg").onclick = exportSvg;
   el("torchlog-export-png").onclick = exportPng;
   ui.search.addEventListener("keydown", (ev) => { if (ev.key === "Enter") { ev.preventDefault(); runSearch(); } });

@@ -156,19 +156,20 @@ function setView(view) {
   svg.setAttribute("viewBox", view.map((v) => v.toFixed(2)).join(" "));
 }
 
-function fit() {
+// Show the whole graph when its text stays readable (or when `whole`, the Fit button);
+// otherwise its start (the inputs) at a readable size.
+function fit(whole) {
   const svg = state.drawn && state.drawn.svg;
   if (!svg) return;
   const full = state.drawn.full || (state.drawn.full = graphBox(svg));
   const rect = ui.graph.getBoundingClientRect();
   const scale = Math.min(rect.width / full[2], rect.height / full[3], 1.5);
-  if (scale >= 0.35) {
+  if (scale >= 0.55 || whole === true) {
     const w = rect.width / scale, h = rect.height / scale;
     setView([full[0] - (w - full[2]) / 2, full[1] - (h - full[3]) / 2, w, h]);
     return;
   }
-  // Too big to read whole: show the start of the graph (the inputs) at a readable size.
-  const w = rect.width / 0.7, h = rect.height / 0.7;
+  const w = rect.width / 0.85, h = rect.height / 0.85;
   const top = state.direction === "BT" ? full[1] + full[3] - h : full[1];
   setView([full[0] + Math.max(0, (full[2] - w) / 2), top, w, h]);
 }
