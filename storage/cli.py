@@ -5,7 +5,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from torchlog.display import human_size
+from torchlog.display import human_size, shape_text
 from torchlog.storage import files
 from torchlog.storage.arrays import ActivationFile
 from torchlog.storage.format import EXTRACT_FORMAT_NAME, dtype_name
@@ -38,7 +38,7 @@ def layers(path: str) -> str:
     width = max((len(label) for label, *_ in rows), default=5)
     lines = [header, f"{'layer':<{width}}  {'shape':<20}  {'dtype':<10}  saved"]
     for label, shape, dtype, saved in rows:
-        lines.append(f"{label:<{width}}  {_shape_text(shape):<20}  {dtype:<10}  {saved}".rstrip())
+        lines.append(f"{label:<{width}}  {shape_text(shape):<20}  {dtype:<10}  {saved}".rstrip())
     return "\n".join(lines)
 
 
@@ -61,10 +61,6 @@ def _saved_text(record: Any) -> str:
     if record.saved is None:
         return "-"
     return human_size(record.num_bytes)
-
-
-def _shape_text(shape: tuple) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def run(command: str, args: Any) -> str:

@@ -22,7 +22,7 @@ import torch
 from torchlog.errors import LogFileError
 from torchlog.storage import files
 from torchlog.storage.format import GRADIENTS
-from torchlog.storage.lazy import StoredTensor
+from torchlog.storage.lazy import StoredTensor, stored_value
 from torchlog.storage.values import WriteOptions, write_value
 
 _NO_BACKWARD = -1  # torch._C._current_graph_task_id() outside a backward
@@ -63,7 +63,7 @@ class GradientFile:
                 raise
             if self._closing_task == _NO_BACKWARD:  # called outside a backward: nothing ends it
                 self.close()
-        return StoredTensor(self.path, self.log_id, f"{GRADIENTS}/{name}", tuple(grad.shape), grad.dtype)
+        return stored_value(self.path, self.log_id, f"{GRADIENTS}/{name}", grad.shape, grad.dtype)
 
     def close(self) -> None:
         """Close the file if it is open; a later gradient opens it again."""

@@ -1,14 +1,16 @@
 """Saved values that stay in a log file until read: what `PassRecord.saved` holds after loading."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import h5py
 import torch
 
 from torchlog.errors import LogFileError
 from torchlog.records import LazyTensor
 from torchlog.storage.files import HANDLE_LOCK, open_existing
-from torchlog.storage.format import dtype_name
+from torchlog.storage.format import dtype_from_name, dtype_name
 from torchlog.storage.values import read_value
 
 
@@ -66,3 +68,20 @@ class StoredTensor(StoredValue):
     def __repr__(self) -> str:
         shape = tuple(self.shape)
         return f"<StoredTensor {self.name} {shape} {dtype_name(self.dtype)} in {self.path!r}>"
+
+
+def stored_value(path: str, log_id: str, name: str, shape: Sequence[int] | None = None,
+                 dtype: torch.dtype | None = None) -> StoredValue:
+    """The lazy value of dataset `name`: a StoredTensor when its dtype is known (then its
+    shape is too), else a StoredValue (what an activation_postfunc returned)."""
+    if dtype is None:
+        return StoredValue(path, log_id, name)
+    return StoredTensor(path, log_id, name, tuple(shape or ()), dtype)
+
+
+def dataset_value(path: str, log_id: str, name: str, obj: h5py.HLObject) -> StoredValue:
+    """The lazy value of `obj`, the object `name` of the file: a tensor when it is a dataset
+    that records its torch dtype."""
+    if isinstance(obj, h5py.Dataset) and "torch_dtype" in obj.attrs:
+        return stored_value(path, log_id, name, obj.shape, dtype_from_name(str(obj.attrs["torch_dtype"])))
+    return stored_value(path, log_id, name)

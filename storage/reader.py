@@ -22,7 +22,7 @@ from torchlog.storage.format import (
     RNG_STATES,
     dtype_from_name,
 )
-from torchlog.storage.lazy import StoredTensor, StoredValue
+from torchlog.storage.lazy import StoredTensor, StoredValue, dataset_value, stored_value
 from torchlog.storage.metadata import history_from_json
 from torchlog.storage.recovery import rebuild
 from torchlog.storage.values import read_value
@@ -123,16 +123,15 @@ def _find_streamed_gradients(file: h5py.File, history: ModelHistory, path: str, 
         return
     for record in all_passes(history):
         obj = None if record.grad_saved is not None else group.get(str(record.op_index))
-        if isinstance(obj, h5py.Dataset) and "torch_dtype" in obj.attrs:
-            dtype = dtype_from_name(str(obj.attrs["torch_dtype"]))
-            record.grad_saved = StoredTensor(path, log_id, f"{GRADIENTS}/{record.op_index}", obj.shape, dtype)
+        value = None if obj is None else dataset_value(path, log_id, f"{GRADIENTS}/{record.op_index}", obj)
+        if isinstance(value, StoredTensor):
+            record.grad_saved = value
 
 
 def _lazy(path: str, log_id: str, ref: dict[str, Any]) -> StoredValue:
-    name = ref["ref"]
     if ref["kind"] == "tensor":
-        return StoredTensor(path, log_id, name, tuple(ref["shape"]), dtype_from_name(ref["dtype"]))
-    return StoredValue(path, log_id, name)
+        return stored_value(path, log_id, ref["ref"], ref["shape"], dtype_from_name(ref["dtype"]))
+    return stored_value(path, log_id, ref["ref"])
 
 
 class FileHistory(ModelHistory):

@@ -21,7 +21,7 @@ from torchlog.capture.nodes import RawNode
 from torchlog.history import ModelHistory, RunInfo
 from torchlog.records import LazyTensor, ParamInfo, TensorMeta
 from torchlog.storage.format import ACTIVATIONS, MODULE_TABLE, NODE_LOG, dtype_from_name, dtype_name
-from torchlog.storage.lazy import StoredTensor, StoredValue
+from torchlog.storage.lazy import StoredValue, dataset_value
 from torchlog.storage.metadata import decode, encode
 from torchlog.storage.values import set_text_attrs
 
@@ -184,7 +184,4 @@ def _stored(group: h5py.Group, path: str, log_id: str, name: str, shares: str | 
     obj = group.get(name)
     if obj is None:
         return None
-    full = f"{ACTIVATIONS}/{name}"
-    if isinstance(obj, h5py.Dataset) and "torch_dtype" in obj.attrs:
-        return StoredTensor(path, log_id, full, obj.shape, dtype_from_name(str(obj.attrs["torch_dtype"])))
-    return StoredValue(path, log_id, full)
+    return dataset_value(path, log_id, f"{ACTIVATIONS}/{name}", obj)

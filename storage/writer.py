@@ -38,7 +38,7 @@ from torchlog.storage.format import (
     dtype_name,
 )
 from torchlog.storage.gradients import GradientFile
-from torchlog.storage.lazy import StoredTensor, StoredValue
+from torchlog.storage.lazy import StoredTensor, StoredValue, stored_value
 from torchlog.storage.metadata import history_to_json
 from torchlog.storage.recovery import NodeLog
 from torchlog.storage.values import WriteOptions, describe, write_value
@@ -254,8 +254,8 @@ def _check_source_path(history: ModelHistory, path: Any, overwrite: bool) -> Non
 
 def _lazy(path: str, log_id: str, name: str, value: Any) -> StoredValue:
     if isinstance(value, torch.Tensor):
-        return StoredTensor(path, log_id, name, tuple(value.shape), value.dtype)
-    return StoredValue(path, log_id, name)
+        return stored_value(path, log_id, name, value.shape, value.dtype)
+    return stored_value(path, log_id, name)
 
 
 def _description(value: StoredValue) -> dict[str, Any]:

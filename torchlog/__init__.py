@@ -22,6 +22,7 @@ from torchlog.errors import (
 )
 from torchlog.history import ModelHistory
 from torchlog.invariants import lint
+from torchlog.optional import require
 from torchlog.options import LogOptions
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
 from torchlog.replay import validate_saved_activations
@@ -52,12 +53,7 @@ def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | No
 
 
 def _storage() -> Any:
-    try:
-        import torchlog.storage as storage  # lazily: h5py is an optional extra
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"torchlog.storage needs h5py and tqdm ({exc}); `pip install torchlog[storage]`") from exc
-    return storage
+    return require("torchlog.storage", "torchlog.storage")  # lazily: h5py is an optional extra
 
 __all__ = [
     "log_forward_pass", "LogOptions", "load", "extract", "validate_saved_activations", "ModelHistory",

@@ -83,13 +83,13 @@ def _add_file_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_file_command(args: argparse.Namespace) -> int:
-    from torchlog.errors import TorchlogError
+    from torchlog.errors import MissingDependencyError, TorchlogError
+    from torchlog.optional import require
 
     try:
-        from torchlog.storage import cli  # lazily: h5py is an optional extra
-    except ImportError as exc:
-        print(f"torchlog: error: log files need h5py ({exc}); pip install torchlog[storage]",
-              file=sys.stderr)
+        cli = require("torchlog.storage.cli", "reading log files")  # lazily: h5py is optional
+    except MissingDependencyError as exc:
+        print(f"torchlog: error: {exc}", file=sys.stderr)
         return 1
     try:
         print(cli.run(args.command, args))

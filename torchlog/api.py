@@ -18,13 +18,13 @@ from torchlog.capture import CaptureOptions, CapturedPass, Failure, run_captured
 from torchlog.errors import (
     CompiledModelWarning,
     InvalidOptionError,
-    MissingDependencyError,
     ModelInputError,
     NondeterministicModelError,
 )
 from torchlog.gradients import GradientStore, warn_if_no_gradients
 from torchlog.history import ModelHistory, RunInfo, all_passes
 from torchlog.model_state import compiled_text, eager_submodules, is_compiled, model_kept
+from torchlog.optional import require
 from torchlog.options import LogOptions, merge_options
 from torchlog.seeding import seeded
 from torchlog.selection import resolve
@@ -110,12 +110,8 @@ def _open_log_file(request: Request) -> Any:
     without save_to."""
     if request.options.save_to is None:
         return None
-    try:
-        from torchlog.storage.writer import LogWriter  # lazily: h5py is an optional extra
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"save_to needs h5py ({exc}); install it with `pip install torchlog[storage]`") from exc
-    writer = LogWriter(request.options.save_to, request.options.overwrite)
+    writers = require("torchlog.storage.writer", "save_to")  # lazily: h5py is an optional extra
+    writer = writers.LogWriter(request.options.save_to, request.options.overwrite)
     writer.describe_run(type(request.model).__name__, request.seed, module_table(request.named_modules))
     request.capture = replace(request.capture, sink=writer.sink)
     return writer

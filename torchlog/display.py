@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from torchlog.errors import MissingDependencyError
 from torchlog.lookup import index_of
+from torchlog.optional import require
 from torchlog.records import LayerRecord, PassRecord
 
 if TYPE_CHECKING:
@@ -23,6 +24,22 @@ def human_size(num_bytes: float) -> str:
             return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
         num_bytes /= 1024
     return f"{num_bytes:.1f} TB"
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """`(6, 5)`, `(4,)` or `()`, as Python prints a tuple (numpy or torch sizes too)."""
+    return str(tuple(int(size) for size in shape))
+
+
+def pass_ranges(pass_nums: Iterable[int], sep: str = ", ") -> str:
+    """Compress pass numbers into ranges: (1, 2, 3, 5) -> `1-3, 5` (with sep ', ')."""
+    runs: list[list[int]] = []
+    for num in sorted(set(pass_nums)):
+        if runs and num == runs[-1][-1] + 1:
+            runs[-1].append(num)
+        else:
+            runs.append([num])
+    return sep.join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _structure(history: "ModelHistory") -> str:
@@ -119,8 +136,7 @@ def format_pass(record: PassRecord) -> str:
     where = f"{keys[1] + 1}/{len(index.labels)}" if index is not None else f"{record.op_index + 1}"
     passes = f" (pass {record.pass_num} of {record.num_passes})" if record.num_passes > 1 else ""
     lines = [f"Layer {record.label}{passes}, operation {where}:"]
-    shape = "(" + ", ".join(str(s) for s in meta.shape) + ("," if len(meta.shape) == 1 else "") + ")"
-    lines.append(f"{_INDENT}Output tensor: shape={shape}, dtype={meta.dtype}, size={human_size(meta.num_bytes)}")
+    lines.append(f"{_INDENT}Output tensor: shape={shape_text(meta.shape)}, dtype={meta.dtype}, size={human_size(meta.num_bytes)}")
     if record.saved is None:
         lines.append(f"{_INDENT * 2}(not saved)")
     elif isinstance(record.tensor_contents, torch.Tensor):
@@ -158,34 +174,16 @@ def format_layer(layer: LayerRecord) -> str:
     for record in layer.passes:
         lines.append(f"{_INDENT}pass {record.pass_num}: {record.label} shape={record.tensor_meta.shape}")
     for title, links in (("Parent layers", layer.parent_layers), ("Child layers", layer.child_layers)):
-        parts = [f"{name} (passes {_ranges(span.parent_passes)} -> {_ranges(span.child_passes)})"
+        parts = [f"{name} (passes {pass_ranges(span.parent_passes, ',')} -> "
+                 f"{pass_ranges(span.child_passes, ',')})"
                  for name, span in links.items()]
         lines.append(f"{_INDENT}{title}: {', '.join(parts) or 'none'}")
     return "\n".join(lines)
 
 
-def _ranges(numbers: tuple[int, ...]) -> str:
-    """`(1, 2, 3, 5)` -> `1-3,5`."""
-    values = sorted(set(numbers))
-    parts: list[str] = []
-    start = prev = values[0] if values else 0
-    for v in values[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if v is not None:
-            start = prev = v
-    return ",".join(parts)
-
-
 def to_dataframe(history: "ModelHistory"):
     """One row per pass with the record's scalar fields."""
-    try:
-        import pandas as pd
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "to_pandas() needs pandas; install it with `pip install torchlog[pandas]`") from exc
+    pd = require("pandas", "to_pandas()")
     rows = []
     for record in history:
         rows.append({

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, overload
 
-from torchlog.errors import InvalidArgumentTypeError, LayerNotFoundError, MissingDependencyError
+from torchlog.errors import InvalidArgumentTypeError, LayerNotFoundError
 from torchlog.lookup import KEY_FORMS, KeyIndex, claim
+from torchlog.optional import require
 from torchlog.records import LayerRecord, ModuleRecord, PassRecord
 
 __all__ = ["ModelHistory", "RunInfo", "all_passes"]
@@ -345,13 +346,8 @@ class ModelHistory(Sequence):
 
     def save(self, path: str, **options: Any) -> str:
         """Write this history and its saved activations to an HDF5 file (see torchlog.storage)."""
-        try:
-            from torchlog.storage import save_history  # lazily: h5py is an optional extra
-        except ImportError as exc:
-            raise MissingDependencyError(
-                f"history.save() needs h5py ({exc}); install it with `pip install torchlog[storage]`"
-            ) from exc
-        return save_history(self, path, **options)
+        storage = require("torchlog.storage", "history.save()")  # lazily: h5py is optional
+        return storage.save_history(self, path, **options)
 
     def summary(self) -> str:
         from torchlog.display import format_history

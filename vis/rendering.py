@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchlog.errors import MissingDependencyError
+from torchlog.optional import require
 from torchlog.vis.build import build_graph
 from torchlog.vis.dot import dot_source
 from torchlog.vis.options import RenderOptions, keyword_options, resolve_options
@@ -61,13 +62,7 @@ class GraphFile(str):
 
 
 def _graphviz() -> Any:
-    try:
-        import graphviz
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "rendering needs the graphviz Python package: pip install graphviz "
-            "(or pip install torchlog[vis]); history.to_dot() works without it") from exc
-    return graphviz
+    return require("graphviz", "rendering", "history.to_dot() works without it")
 
 
 def require_dot(fileformat: str) -> None:

@@ -5,7 +5,8 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from torchlog.display import human_size
+from torchlog.display import human_size, shape_text
+from torchlog.display import pass_ranges as passes_text  # `1-3, 5`: the name vis modules use
 from torchlog.records import ModuleRecord, ParamInfo, PassRecord
 
 if TYPE_CHECKING:
@@ -14,11 +15,6 @@ if TYPE_CHECKING:
 MAX_PARAMS_SHOWN = 4
 MAX_SHAPES_SHOWN = 3
 FAILURE_WIDTH = 40
-
-
-def shape_text(shape: Sequence[int]) -> str:
-    """`(6, 5)`, `(4,)` or `()`, as Python prints a tuple."""
-    return str(tuple(shape))
 
 
 def _size_line(record: PassRecord) -> str:
@@ -83,17 +79,6 @@ def arg_text(arg: Any) -> str:
     if isinstance(arg, str):
         return f"kwarg {arg}"
     return f"arg {arg}"
-
-
-def passes_text(pass_nums: Iterable[int]) -> str:
-    """Compress pass numbers into ranges: (1, 2, 3, 5) -> `1-3, 5`."""
-    runs: list[list[int]] = []
-    for num in sorted(set(pass_nums)):
-        if runs and num == runs[-1][-1] + 1:
-            runs[-1].append(num)
-        else:
-            runs.append([num])
-    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def failure_lines(failure: str | None) -> tuple[str, ...]:
