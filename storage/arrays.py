@@ -24,6 +24,8 @@ from torchlog.storage.format import (
 )
 from torchlog.storage.values import WriteOptions
 
+__all__ = ["LAYERS", "BATCH_SIZES", "ORDER", "Appender", "ActivationFile"]
+
 LAYERS = "layers"  # group: one dataset per layer, sample axis first
 BATCH_SIZES = "batch_sizes"  # samples added by each finished batch
 ORDER = "order"  # attribute of LAYERS: JSON list of the labels in execution order

@@ -11,6 +11,8 @@ from torchlog.storage.arrays import ActivationFile
 from torchlog.storage.format import EXTRACT_FORMAT_NAME, dtype_name
 from torchlog.storage.reader import load
 
+__all__ = ["show", "layers", "render", "run"]
+
 
 def show(path: str) -> str:
     """The summary `print(history)` gives for the log at `path`."""

@@ -28,6 +28,8 @@ from torchlog.storage.arrays import BATCH_SIZES, LAYERS, ActivationFile, Appende
 from torchlog.storage.format import COMPLETE, EXTRACT_FORMAT_NAME, FORMAT_VERSION, WRITING
 from torchlog.storage.values import WriteOptions
 
+__all__ = ["extract", "open_activations"]
+
 
 def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             batch_size: int | None = None, overwrite: bool = False, progress: bool | None = None,

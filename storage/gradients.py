@@ -25,6 +25,8 @@ from torchlog.storage.format import GRADIENTS
 from torchlog.storage.lazy import StoredTensor, stored_value
 from torchlog.storage.values import WriteOptions, write_value
 
+__all__ = ["GradientFile"]
+
 _NO_BACKWARD = -1  # torch._C._current_graph_task_id() outside a backward
 
 

@@ -18,6 +18,8 @@ import platform
 import threading
 from collections.abc import Callable
 
+__all__ = ["STREAMING_THRESHOLD", "RESTORED_THRESHOLD", "streaming_started", "streaming_ended"]
+
 STREAMING_THRESHOLD = 1 << 20  # blocks this big or bigger are mmapped while a log streams
 RESTORED_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 _M_TRIM_THRESHOLD = -1  # mallopt parameter numbers, from glibc's malloc.h

@@ -13,6 +13,8 @@ from torchlog.storage.files import HANDLE_LOCK, open_existing
 from torchlog.storage.format import dtype_from_name, dtype_name
 from torchlog.storage.values import read_value
 
+__all__ = ["StoredValue", "StoredTensor", "stored_value", "dataset_value"]
+
 
 class StoredValue(LazyTensor):
     """A value (tensor, or what activation_postfunc returned) in dataset `name` of `path`.

@@ -23,6 +23,8 @@ from torchlog.records import (
 )
 from torchlog.storage.format import dtype_from_name, dtype_name
 
+__all__ = ["TENSOR_FIELDS", "encode", "decode", "history_to_json", "history_from_json"]
+
 # PassRecord fields that refer to tensors kept as datasets, not JSON.
 TENSOR_FIELDS = ("saved", "grad_saved", "rng_state")
 # Fields stored under their public name, as files have always named them.

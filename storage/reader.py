@@ -27,6 +27,8 @@ from torchlog.storage.metadata import history_from_json
 from torchlog.storage.recovery import rebuild
 from torchlog.storage.values import read_value
 
+__all__ = ["load", "FileHistory"]
+
 # Source folders of torchlog and torchlog.storage: warnings point past their frames.
 _OWN_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules["torchlog"], files))
 

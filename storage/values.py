@@ -26,6 +26,8 @@ from torchlog.storage.format import (
     tensor_to_array,
 )
 
+__all__ = ["WriteOptions", "set_text_attrs", "describe", "write_value", "read_value"]
+
 _SCALARS = (bool, int, float, complex)
 _STR = h5py.string_dtype()
 _VLEN_STR = h5t.py_create(_STR, logical=True)

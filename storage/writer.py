@@ -43,6 +43,8 @@ from torchlog.storage.metadata import history_to_json
 from torchlog.storage.recovery import NodeLog
 from torchlog.storage.values import WriteOptions, describe, write_value
 
+__all__ = ["LogWriter", "save_history"]
+
 _GROUP_OF = {"saved": ACTIVATIONS, "grad_saved": GRADIENTS, "rng_state": RNG_STATES}
 
 
