@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchlog", description=__doc__)

@@ -29,6 +29,8 @@ from torchlog.options import LogOptions, merge_options
 from torchlog.seeding import seeded
 from torchlog.selection import resolve
 
+__all__ = ["log_forward_pass"]
+
 
 def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, Any] | None = None,
                      *, options: LogOptions | None = None, **keywords: Any) -> ModelHistory:

@@ -6,6 +6,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+__all__ = ["DemoNet", "run_demo"]
+
 
 class DemoNet(nn.Module):
     """A small CNN with a residual branch and a recurrent refinement loop."""

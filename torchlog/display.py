@@ -14,6 +14,9 @@ from torchlog.records import LayerRecord, PassRecord
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
+__all__ = ["human_size", "shape_text", "pass_ranges", "format_history", "format_pass",
+           "format_layer", "to_dataframe"]
+
 _INDENT = "    "
 
 

@@ -4,6 +4,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 
+__all__ = ["TorchlogError", "LayerNotFoundError", "InvalidOptionError", "InvalidArgumentTypeError",
+           "ModelInputError", "NondeterministicModelError", "NestedLoggingError", "LogFileError",
+           "LogFileNotFoundError", "LogFileExistsError", "LogFilePermissionError",
+           "MissingDependencyError", "LintError", "TorchlogWarning", "CompiledModelWarning",
+           "IncompleteLogWarning", "closest_matches"]
+
 _MAX_LISTED = 20  # LintError lists this many problems, then counts the rest
 
 

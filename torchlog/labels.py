@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+__all__ = ["ParsedLabel", "layer_type_of", "layer_label", "pass_label", "split_pass", "parse_label"]
+
 _PASS_SEP = ":"
 _LABEL_RE = re.compile(r"^(?P<type>[A-Za-z0-9_]+?)_(?P<type_num>\d+)(?:_(?P<total>\d+))?(?::(?P<pass>\d+))?$")
 

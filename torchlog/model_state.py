@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+__all__ = ["compiled_text", "eager_submodules", "is_compiled", "model_kept"]
+
 
 def compiled_text(model: Any, named_modules: list | None = None) -> str | None:
     """The CompiledModelWarning text when `model` or a submodule came from torch.compile."""

@@ -12,7 +12,7 @@ from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
 from torchlog.gradients import check_gradient_options
 from torchlog.selection import check_entries
 
-__all__ = ["LogOptions", "ON_ERROR", "merge_options"]
+__all__ = ["LogOptions", "ON_ERROR", "merge_options", "device_of"]
 
 ON_ERROR = ("raise", "return")
 _BOOL_FIELDS = ("keep_unsaved_layers", "detach_saved_tensors", "save_function_args",

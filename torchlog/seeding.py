@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import torch
 
+__all__ = ["new_seed", "seeded"]
+
 
 def new_seed() -> int:
     """A fresh seed that does not consume any global RNG."""

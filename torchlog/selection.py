@@ -7,6 +7,8 @@ from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, closes
 from torchlog.history import ModelHistory
 from torchlog.records import LayerRecord, PassRecord
 
+__all__ = ["SELECTION_FORMS", "check_entries", "resolve"]
+
 SELECTION_FORMS = (
     "'all', None, or a list mixing layer labels ('conv2d_3_7', 'linear_1_1:2'), module "
     "addresses ('features'), int positions (-5) and substrings of labels ('conv')"

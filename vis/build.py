@@ -16,6 +16,8 @@ from torchlog.vis.text import caption_lines, failure_lines, layer_lines, module_
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
+__all__ = ["FAILED_KEY", "build_graph"]
+
 FAILED_KEY = "failed op"  # the red node of a partial history; labels never hold a space
 
 

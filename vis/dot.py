@@ -9,6 +9,8 @@ from torchlog.vis.style import (
     LARGE_GRAPH_NODES, LEGEND_ORDER, LEGEND_TEXT, NODE_DEFAULTS, cluster_attrs, fill_of, node_attrs,
 )
 
+__all__ = ["Html", "quote", "html_escape", "attr_list", "dot_source", "legend_html"]
+
 _INDENT = "  "
 
 

@@ -12,6 +12,8 @@ from torchlog.vis.text import arg_text, passes_text, shape_text
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
+__all__ = ["SYMMETRIC_OPS", "shows_arg", "unrolled_edges", "rolled_edges", "failure_edges"]
+
 # Layer types whose tensor arguments can be swapped without changing the result.
 SYMMETRIC_OPS = frozenset({
     "add", "mul", "eq", "ne", "maximum", "minimum", "fmax", "fmin", "hypot",

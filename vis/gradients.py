@@ -10,6 +10,8 @@ from torchlog.vis.text import shape_text
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
+__all__ = ["gradient_edges"]
+
 
 def gradient_edges(history: "ModelHistory", placement: Placement) -> list[Edge]:
     """One backward edge into each pass whose `grad_contents` is set, from each of its children.

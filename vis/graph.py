@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+__all__ = ["INPUT", "OUTPUT", "PARAM", "BUFFER", "CREATED", "OP", "MODULE", "FAILED", "DATA",
+           "GRADIENT", "Node", "Edge", "Cluster", "VisGraph"]
+
 # Node kinds, each drawn in its own style (see vis/style.py).
 INPUT, OUTPUT, PARAM, BUFFER, CREATED, OP, MODULE, FAILED = (
     "input", "output", "param", "buffer", "created", "op", "module", "failed")

@@ -8,6 +8,9 @@ from typing import Any
 
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, LogFileNotFoundError
 
+__all__ = ["MODES", "VIS_OPTS", "DIRECTIONS", "FORMATS", "DEFAULT_FORMAT", "DEFAULT_OUTPATH",
+           "RenderOptions", "resolve_options", "keyword_options"]
+
 MODES = ("unrolled", "rolled")
 VIS_OPTS = MODES + ("none",)
 DIRECTIONS = {"bottomup": "BT", "topdown": "TB", "leftright": "LR"}

@@ -12,6 +12,8 @@ from torchlog.vis.options import RenderOptions
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
+__all__ = ["MODULE_PREFIX", "Placement", "place", "module_chain", "module_title"]
+
 MODULE_PREFIX = "module "  # node keys of collapsed modules; labels never hold a space
 
 

@@ -15,6 +15,9 @@ from torchlog.vis.options import RenderOptions, keyword_options, resolve_options
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
+__all__ = ["ENGINE", "SOURCE_FORMAT", "GraphFile", "require_dot", "pipe", "options_from_keywords",
+           "to_dot", "render", "in_notebook"]
+
 ENGINE = "dot"
 SOURCE_FORMAT = "gv"  # written as DOT text, without running `dot`
 _INSTALL_DOT = (

@@ -6,6 +6,11 @@ from torchlog.vis.graph import (
     BUFFER, CREATED, DATA, FAILED, GRADIENT, INPUT, MODULE, OP, OUTPUT, PARAM,
 )
 
+__all__ = ["FONT", "GRAPH_ATTRS", "LARGE_GRAPH_NODES", "LARGE_GRAPH_ATTRS", "NODE_DEFAULTS",
+           "EDGE_DEFAULTS", "NODE_STYLES", "INPLACE_STYLE", "EDGE_STYLES", "LEGEND_ORDER",
+           "LEGEND_TEXT", "INPLACE_TEXT", "GRADIENT_TEXT", "kind_of", "node_attrs",
+           "cluster_attrs", "fill_of"]
+
 FONT = "Helvetica"
 GRAPH_ATTRS = {"fontname": FONT, "fontsize": "12", "labelloc": "t", "newrank": "true"}
 # dot spends most of its time on x positions (network simplex), superlinearly in graph size:

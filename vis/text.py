@@ -12,6 +12,10 @@ from torchlog.records import ModuleRecord, ParamInfo, PassRecord
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
+__all__ = ["MAX_PARAMS_SHOWN", "MAX_SHAPES_SHOWN", "FAILURE_WIDTH", "shape_text", "passes_text",
+           "params_text", "pass_lines", "layer_lines", "module_lines", "arg_text", "failure_lines",
+           "caption_lines"]
+
 MAX_PARAMS_SHOWN = 4
 MAX_SHAPES_SHOWN = 3
 FAILURE_WIDTH = 40

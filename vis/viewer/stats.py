@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["NUM_BINS", "tensor_stats"]
+
 NUM_BINS = 24
 
 
