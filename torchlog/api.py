@@ -229,6 +229,7 @@ def _build(request: Request, captured: CapturedPass, started: float, prune: bool
     if captured.failure is not None:
         info.is_partial = True
         info.failure, info.failed_parents = _describe_failure(captured.failure, built.passes)
+        info.error = f"{type(captured.failure.error).__name__}: {captured.failure.error}"
     return ModelHistory(passes, built.layers, built.modules, info)
 
 

@@ -25,6 +25,7 @@ class RunInfo:
     is_partial: bool = False
     failure: str | None = None  # where the forward pass stopped, for partial histories
     failed_parents: tuple[str, ...] = ()  # inputs of the op that raised
+    error: str | None = None  # the exception of a partial history: 'RuntimeError: mat1 and ...'
     # Tensors given a gradient hook with save_gradients=True; None when logged without it.
     num_gradient_hooks: int | None = None
     # Every pass of the run, also those layers_to_save left out of the history; None when

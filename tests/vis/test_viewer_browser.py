@@ -198,6 +198,7 @@ def test_partial_history_opens_with_the_failing_op_in_red(driver, tmp_path):
     assert fill.lower() == "#e03030"
     panel = driver.find_element("id", "torchlog-panel").text
     assert "forward pass failed" in panel and history.info.failure in panel
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in panel
     assert "relu_1_2" in panel  # the input of the op that raised, as a link
     _screenshot(driver, "partial_history")
 

@@ -255,6 +255,5 @@ def _failure(history: "ModelHistory") -> dict[str, Any] | None:
     info = history.info
     if not info.is_partial:
         return None
-    error = getattr(info, "error", None)
-    return {"text": info.failure or "the forward pass raised here", "error": error,
+    return {"text": info.failure or "the forward pass raised here", "error": info.error,
             "lines": list(failure_lines(info.failure)), "parents": list(info.failed_parents)}
