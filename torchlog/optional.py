@@ -13,6 +13,11 @@ _EXTRAS = {
     "torchlog.storage": ("h5py and tqdm", "h5py tqdm", "storage"),
     "pandas": ("pandas", "pandas", "pandas"),
     "graphviz": ("the graphviz Python package", "graphviz", "vis"),
+    "networkx": ("networkx", "networkx", "networkx"),
+    "tensorboard": ("the tensorboard package", "tensorboard", "tensorboard"),
+    "torch.utils.tensorboard": ("the tensorboard package", "tensorboard", "tensorboard"),
+    "onnx": ("onnx", "onnx", "onnx"),
+    "netron": ("the netron package", "netron", "onnx"),
 }
 
 

@@ -1,0 +1,79 @@
+"""Netron's metrics attachment: per-node time, bytes and activation statistics as JSON."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchlog.export.activations import activation_stats, numeric_values
+from torchlog.labels import split_pass
+
+if TYPE_CHECKING:
+    from torchlog.history import ModelHistory
+
+__all__ = ["metrics_path", "node_metrics", "write_metrics", "SIGNATURE"]
+
+SIGNATURE = "netron:attachment"  # how Netron recognises an attachment file
+
+
+def metrics_path(model_path: str | Path) -> Path:
+    """Where the metrics of a model file go: `run.onnx` and `run.onnx.json` -> `run.metrics.json`.
+
+    Example:
+        >>> str(metrics_path("out/run.onnx.json"))
+        'out/run.metrics.json'
+    """
+    path = Path(model_path)
+    name = path.name
+    for suffix in (".json", ".onnx"):
+        name = name.removesuffix(suffix)
+    return path.with_name(f"{name}.metrics.json")
+
+
+def node_metrics(history: "ModelHistory") -> list[dict[str, Any]]:
+    """One entry per (node, metric): ops by label, module calls by call ('block1:1').
+
+    Ops get `time (µs)`, `output bytes` and, when saved, `mean`, `std`, `min`, `max` and
+    the counts of NaN and infinite values; module calls the total time and op count of
+    everything inside them. NaN statistics (no finite value) are left out, since JSON
+    has no NaN.
+
+    Example:
+        >>> import torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.tensor([-1.0, 3.0]))
+        >>> [(m['name'], m['value']) for m in node_metrics(h) if m['target'] == 'relu_1_1'][1:4]
+        [('output bytes', 8), ('mean', 1.5), ('std', 1.5)]
+    """
+    entries: list[dict[str, Any]] = []
+    calls: dict[str, list[float]] = {}
+    for record in history:
+        if not record.is_input:
+            _add(entries, record.label, "time (µs)", round(record.elapsed_s * 1e6, 3))
+            _add(entries, record.label, "output bytes", record.num_bytes)
+        values = None if record.is_output else numeric_values(record)
+        if values is not None:
+            for name, value in activation_stats(values).items():
+                _add(entries, record.label, name, value)
+        for call in record.containing_modules:
+            total = calls.setdefault(call, [0.0, 0])
+            total[0] += record.elapsed_s
+            total[1] += 1
+    for call, (elapsed_s, num_ops) in calls.items():
+        _add(entries, call, "time (µs)", round(elapsed_s * 1e6, 3))
+        _add(entries, call, "ops", num_ops)
+    return entries
+
+
+def _add(entries: list[dict[str, Any]], target: str, name: str, value: float) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return
+    entries.append({"kind": "node", "target": target, "name": name, "value": value})
+
+
+def write_metrics(history: "ModelHistory", path: str | Path) -> Path:
+    """Write the attachment file Netron opens after a model; returns its path."""
+    path = Path(path)
+    document = {"signature": SIGNATURE, "metrics": node_metrics(history)}
+    path.write_text(json.dumps(document, indent=1, ensure_ascii=False), encoding="utf-8")
+    return path
