@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from torchlog.labels import split_pass
 from torchlog.records import ModuleRecord, PassRecord
+from torchlog.vis.backward import build_backward_graph
 from torchlog.vis.edges import failure_edges, rolled_edges, unrolled_edges
 from torchlog.vis.gradients import gradient_edges
 from torchlog.vis.graph import FAILED, MODULE, Node, VisGraph
@@ -31,6 +32,8 @@ def build_graph(history: "ModelHistory", options: RenderOptions) -> VisGraph:
         >>> [node.key for node in build_graph(h, RenderOptions()).nodes]
         ['input_1_0', 'linear_1_1', 'output_1_2']
     """
+    if options.mode == "backward":
+        return build_backward_graph(history, options)
     placement = place(history, options)
     rolled = options.mode == "rolled"
     graph = VisGraph(history.model_name, options.rankdir, clusters=placement.clusters,

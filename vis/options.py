@@ -11,7 +11,7 @@ from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, LogFil
 __all__ = ["MODES", "VIS_OPTS", "DIRECTIONS", "FORMATS", "DEFAULT_FORMAT", "DEFAULT_OUTPATH",
            "RenderOptions", "resolve_options", "keyword_options"]
 
-MODES = ("unrolled", "rolled")
+MODES = ("unrolled", "rolled", "backward")
 VIS_OPTS = MODES + ("none",)
 DIRECTIONS = {"bottomup": "BT", "topdown": "TB", "leftright": "LR"}
 # Formats `dot -T` writes on every graphviz build; 'gv' writes the DOT source without `dot`.
@@ -36,7 +36,7 @@ class RenderOptions:
 'jpg', 'jpeg', 'gif', 'bmp', 'ps', 'eps', 'tif', 'tiff', 'json', 'plain', 'xdot', 'dot', 'gv', got 'bmp3'
     """
 
-    mode: str = "unrolled"  # 'unrolled': a node per pass; 'rolled': a node per layer
+    mode: str = "unrolled"  # 'unrolled': a node per pass; 'rolled': per layer; 'backward': autograd
     nesting_depth: int | None = None  # module levels drawn as boxes; deeper ones become one node
     outpath: str | os.PathLike | None = None  # file to write ('graph' in the working folder)
     fileformat: str | None = None  # from outpath's suffix when it names a format, else 'pdf'
@@ -154,7 +154,7 @@ def resolve_options(options: RenderOptions | None, keywords: dict[str, Any]) -> 
                 "and vis_opt for mode)")
         changes[name] = value
     if changes.get("mode") == "none":
-        raise InvalidOptionError("mode 'none' draws nothing; use 'unrolled' or 'rolled'")
+        raise InvalidOptionError("mode 'none' draws nothing; use 'unrolled', 'rolled' or 'backward'")
     return replace(options or RenderOptions(), **changes)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torchlog.records import NodeKind, PassRecord
 from torchlog.vis.graph import (
-    BUFFER, CREATED, DATA, FAILED, GRADIENT, INPUT, MODULE, OP, OUTPUT, PARAM,
+    BUFFER, CREATED, DATA, FAILED, GRAD_FN, GRAD_LEAF, GRADIENT, INPUT, MODULE, OP, OUTPUT, PARAM,
 )
 
 __all__ = ["FONT", "GRAPH_ATTRS", "LARGE_GRAPH_NODES", "LARGE_GRAPH_ATTRS", "NODE_DEFAULTS",
@@ -33,6 +33,8 @@ NODE_STYLES: dict[str, dict[str, str]] = {
     OP: {},
     MODULE: {"shape": "box3d", "fillcolor": "#E8E0F5"},
     FAILED: {"shape": "octagon", "fillcolor": "#E03030", "fontcolor": "white", "color": "#8B0000"},
+    GRAD_FN: {"fillcolor": "#D3D3D3"},  # torchviz's colours for autograd nodes and leaves
+    GRAD_LEAF: {"fillcolor": "#ADD8E6"},
 }
 INPLACE_STYLE = {"peripheries": "2"}
 EDGE_STYLES: dict[str, dict[str, str]] = {
@@ -40,11 +42,12 @@ EDGE_STYLES: dict[str, dict[str, str]] = {
     # Gradients run against the data flow, so they must not pull the layout around.
     GRADIENT: {"color": "#7B2FBE", "fontcolor": "#7B2FBE", "style": "dashed", "constraint": "false"},
 }
-LEGEND_ORDER = (INPUT, OUTPUT, PARAM, OP, BUFFER, CREATED, MODULE, FAILED)
+LEGEND_ORDER = (INPUT, OUTPUT, PARAM, OP, BUFFER, CREATED, MODULE, FAILED, GRAD_FN, GRAD_LEAF)
 LEGEND_TEXT = {
     INPUT: "input", OUTPUT: "output", PARAM: "parameter op", OP: "op",
     BUFFER: "buffer (dashed)", CREATED: "created in forward (rounded)",
     MODULE: "collapsed module", FAILED: "op that raised",
+    GRAD_FN: "autograd node (grad_fn)", GRAD_LEAF: "parameter (AccumulateGrad)",
 }
 INPLACE_TEXT = "in-place (double border)"
 GRADIENT_TEXT = "gradient (dashed purple)"
