@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import h5py
@@ -33,7 +33,8 @@ __all__ = ["extract", "open_activations"]
 
 def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             batch_size: int | None = None, overwrite: bool = False, progress: bool | None = None,
-            compression: str | None = None) -> ActivationFile:
+            compression: str | None = None,
+            on_batch: Callable[[Any, int], None] | None = None) -> ActivationFile:
     """Log `layers` of `model` over every batch of `inputs`, appending them to the file `to`.
 
     Each batch runs through `log_forward_pass(model, batch, layers_to_save=layers)`; each
@@ -54,6 +55,8 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
         overwrite: start over even if `to` exists.
         progress: show a tqdm bar; None shows it only when stderr is a terminal.
         compression: None, 'gzip' or 'lzf'.
+        on_batch: called as `on_batch(history, batch_index)` (0-based) once a batch is
+            written, e.g. for TensorBoard summaries; not for batches a resumed run skips.
 
     Returns:
         The file, opened for reading as numpy arrays.
@@ -78,13 +81,15 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
     path = files.as_path(to, "to")
     with _open(path, overwrite, type(model).__name__, entries) as file:
         store = Appender(file, path, options)
-        for batch in _progress(batches, _num_batches(inputs, batch_size), progress):
+        for index, batch in enumerate(_progress(batches, _num_batches(inputs, batch_size), progress)):
             num_samples = _batch_len(batch)
             if store.skip(num_samples):
                 continue
             history = log_forward_pass(model, batch, layers_to_save=entries)
             store.append({p.label: p.tensor_contents for p in history if p.saved is not None},
                          num_samples)
+            if on_batch is not None:
+                on_batch(history, index)
         file.attrs["status"] = COMPLETE
     return ActivationFile(path)
 

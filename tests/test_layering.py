@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Where each installed package's source lives (setup.cfg's package_dir).
 SOURCES = {"torchlog": ROOT / "torchlog", "torchlog.vis": ROOT / "vis", "torchlog.storage": ROOT / "storage"}
 FRONT_ENDS = ("torchlog.vis", "torchlog.storage", "torchlog.export")
-OPTIONAL = ("graphviz", "h5py", "pandas", "IPython", "networkx", "selenium")
+OPTIONAL = ("graphviz", "h5py", "pandas", "IPython", "networkx", "selenium", "tensorboard",
+            "tensorboardX", "onnx", "netron")
 # Function-level imports allowed to reach a higher layer: (importer, imported), as the page lists.
 UPWARD_ENTRY_POINTS = {
     ("torchlog.records", "torchlog.display"),
@@ -19,6 +20,7 @@ UPWARD_ENTRY_POINTS = {
     ("torchlog.history", "torchlog.gradients"),
     ("torchlog.history", "torchlog.vis"),
     ("torchlog.history", "torchlog.storage"),
+    ("torchlog.history", "torchlog.export"),
     ("torchlog.arguments", "torchlog.vis"),
     ("torchlog.api", "torchlog.storage"),
 }

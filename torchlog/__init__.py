@@ -42,14 +42,21 @@ def load(path: str) -> ModelHistory:
 
 def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | None = None,
             overwrite: bool = False, progress: bool | None = None,
-            compression: str | None = None) -> Any:
+            compression: str | None = None, tensorboard: Any = None) -> Any:
     """Run `layers` over a dataset into one array per layer in the file `to`; see torchlog.storage.extract.
 
+    With `tensorboard` (a folder or a SummaryWriter), each batch also gets a histogram and
+    mean/std scalars per extracted layer at step = batch index (see torchlog.export).
+
     Raises:
-        MissingDependencyError: h5py or tqdm is not installed (`pip install torchlog[storage]`).
+        MissingDependencyError: h5py or tqdm is not installed (`pip install torchlog[storage]`),
+            or tensorboard is asked for and not installed (`pip install torchlog[tensorboard]`).
     """
-    return _storage().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
-                              progress=progress, compression=compression)
+    from torchlog.export.tensorboard_events import batch_summaries  # lazily, like storage
+
+    with batch_summaries(tensorboard) as on_batch:
+        return _storage().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
+                                  progress=progress, compression=compression, on_batch=on_batch)
 
 
 def _storage() -> Any:

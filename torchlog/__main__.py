@@ -1,4 +1,5 @@
-"""Command line: `python -m torchlog demo | show FILE | layers FILE | render FILE | view FILE`."""
+"""Command line: `python -m torchlog demo | show FILE | layers FILE | render FILE | view FILE |
+netron FILE`."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,14 @@ def main(argv: list[str] | None = None) -> int:
                       help="where to write the viewer page (default: %(default)s)")
     _add_file_commands(commands)
     _add_view_command(commands)
+    from torchlog.export.netron_command import add_netron_command, run_netron
+
+    add_netron_command(commands)
     args = parser.parse_args(argv)
+    if args.command == "netron":
+        import torchlog
+
+        return run_netron(args, torchlog.load)
     if args.command == "demo":
         from torchlog.demo import run_demo
 

@@ -350,6 +350,49 @@ class ModelHistory(Sequence):
         storage = require("torchlog.storage", "history.save()")  # lazily: h5py is optional
         return storage.save_history(self, path, **options)
 
+    def to_networkx(self, mode: str = "unrolled", include_values: bool = False) -> Any:
+        """A `networkx.MultiDiGraph`: a node per pass ('rolled': per layer) keyed by label,
+        an edge per tensor argument; see `torchlog.export.to_networkx`.
+
+        Raises:
+            MissingDependencyError: networkx is missing (`pip install torchlog[networkx]`).
+            InvalidOptionError: an unknown mode, or values asked of a history saving none.
+        """
+        from torchlog.export import to_networkx  # lazily: networkx is an optional extra
+
+        return to_networkx(self, mode, include_values)
+
+    def to_tensorboard(self, logdir_or_writer: Any, step: int = 0) -> str:
+        """Write the graph, per-op time and memory, and activation histograms for TensorBoard;
+        returns the folder. See `torchlog.export.to_tensorboard`.
+
+        Raises:
+            MissingDependencyError: tensorboard is missing (`pip install torchlog[tensorboard]`).
+            LogFilePermissionError: the folder cannot be written.
+        """
+        from torchlog.export import to_tensorboard  # lazily: tensorboard is an optional extra
+
+        return to_tensorboard(self, logdir_or_writer, step)
+
+    def to_onnx(self, path: str) -> str:
+        """Write the graph as ONNX for Netron ('.onnx', or '.json' for ONNX's JSON form) and a
+        metrics file beside it; returns the path. See `torchlog.export.to_onnx`.
+
+        Raises:
+            MissingDependencyError: onnx is missing (`pip install torchlog[onnx]`).
+            InvalidOptionError, LogFileNotFoundError, LogFilePermissionError: a bad path.
+        """
+        from torchlog.export import to_onnx  # lazily: onnx is an optional extra
+
+        return to_onnx(self, path)
+
+    def module_tree(self) -> str:
+        """The module hierarchy as `print(model)` shows it, with each module's output shape,
+        parameter count, call count and time; see `torchlog.export.module_tree`."""
+        from torchlog.export import module_tree
+
+        return module_tree(self)
+
     def summary(self) -> str:
         from torchlog.display import format_history
 
