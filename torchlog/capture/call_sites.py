@@ -12,6 +12,8 @@ __all__ = ["call_site", "name_of"]
 # torch's package and torchlog's (two levels above this file): frames there are not user code.
 _TORCHLOG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep, _TORCHLOG_DIR + os.sep)
+# The built-in example model lives in the package but is user code: its lines are call sites.
+_USER_FILES = (os.path.join(_TORCHLOG_DIR, "demo.py"),)
 _internal_code: dict[Any, bool] = {}
 
 
@@ -26,7 +28,8 @@ def call_site() -> tuple | None:
         code = frame.f_code
         internal = _internal_code.get(code)
         if internal is None:
-            internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL_DIRS)
+            internal = _internal_code[code] = (code.co_filename.startswith(_INTERNAL_DIRS)
+                                               and code.co_filename not in _USER_FILES)
         if not internal:
             # The instruction offset tells apart two ops on one line (`x + a + b`).
             return (code, frame.f_lasti, frame.f_lineno)
