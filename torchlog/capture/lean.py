@@ -1,0 +1,106 @@
+"""A lean capture: counts the calls a full capture would record and copies only chosen outputs."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from torchlog.capture.call_sites import name_of
+from torchlog.capture.nesting import find_tensors
+
+# The recorder's own rules for which calls are ops: the lean count must match its call_id.
+from torchlog.capture.recorder import _SETITEM, _describe
+
+__all__ = ["LeanPass", "run_lean", "call_names"]
+
+_Tensor = torch.Tensor
+_PLAIN = (bool, int, float, torch.Size, torch.dtype, str)
+
+
+@dataclass(slots=True)
+class LeanPass:
+    """What a lean pass saw: the calls, in order, and copies of the outputs asked for."""
+
+    calls: list[Any]  # the function of every counted call; a multi-output call adds its count after it
+    saved: dict[tuple[int, int], torch.Tensor]  # (1-based call number, output index) -> copy
+    output: Any  # what forward returned
+
+
+class _LeanMode(TorchFunctionMode):
+    """Counts tensor-producing calls like the Recorder's call_id; copies the wanted outputs."""
+
+    def __init__(self, wanted: Mapping[int, tuple[int, ...]]) -> None:
+        super().__init__()
+        self.wanted = wanted
+        self.calls: list[Any] = []
+        self.saved: dict[tuple[int, int], torch.Tensor] = {}
+        self.funcs: dict[Any, bool] = {}  # function -> is not an op
+        self.count = 0  # calls counted so far
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        not_op = self.funcs.get(func)
+        if not_op is None:
+            not_op = self.funcs[func] = _describe(func)[1]
+        out = func(*args, **(kwargs or {}))
+        if not_op:
+            return out
+        if isinstance(out, _Tensor):
+            outs: Any = (out,)
+        elif out is None and func is _SETITEM:
+            outs = (args[0],)
+        elif out is None or isinstance(out, _PLAIN):
+            return out
+        else:
+            outs = [t for t, _ in find_tensors(out)]
+            if not outs:
+                return out
+        self.calls.append(func)
+        if len(outs) != 1:
+            self.calls.append(len(outs))
+        self.count += 1
+        wanted = self.wanted.get(self.count)
+        if wanted is not None:
+            for index in wanted:
+                if index < len(outs):  # a call with fewer outputs now: the caller's check sees it
+                    self.saved[(self.count, index)] = outs[index].detach().clone()
+        return out
+
+
+def run_lean(model: nn.Module, args: tuple, kwargs: dict,
+             wanted: Mapping[int, tuple[int, ...]]) -> LeanPass:
+    """Run `model(*args, **kwargs)` counting ops and copying the outputs `wanted` names.
+
+    Calls are numbered from 1 as the Recorder numbers them (`RawNode.call_id`): a torch
+    function, method or operator counts when it is an op and returns a tensor, so the
+    n-th call here is the n-th call of a full capture of the same pass.
+
+    Args:
+        model: the module to run.
+        args, kwargs: forward's arguments.
+        wanted: call number -> the output indexes of that call to copy.
+
+    Returns:
+        The LeanPass; the mode is removed when forward returns or raises.
+
+    Raises:
+        Whatever forward raises, unchanged.
+
+    Example:
+        >>> import torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+        >>> seen = run_lean(net, (torch.ones(1, 2),), {}, {2: (0,)})
+        >>> call_names(seen.calls), seen.saved[(2, 0)].shape
+        (['linear', 'relu'], torch.Size([1, 3]))
+    """
+    with _LeanMode(wanted) as mode:
+        output = model(*args, **kwargs)
+    return LeanPass(mode.calls, mode.saved, output)
+
+
+def call_names(calls: list[Any]) -> list[Any]:
+    """`LeanPass.calls` with each function replaced by its op name (counts stay ints)."""
+    return [c if isinstance(c, int) else name_of(c) for c in calls]
