@@ -112,7 +112,7 @@ _leaf = st.one_of(
 
 @st.composite
 def blocks(draw: st.DrawFn, depth: int = 0, loop_count: int | None = None) -> tuple:
-    """A block of 1-3 statements; `depth` loops enclose it, the innermost running `loop_count` times."""
+    """A block of 1-3 statements inside `depth` loops, the innermost running `loop_count` times."""
     kinds = ["leaf", "leaf", "flag"]
     if depth < MAX_DEPTH:
         kinds += ["loop", "loop", "accumulate"]

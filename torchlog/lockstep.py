@@ -1,4 +1,4 @@
-"""Lockstep closure: a union-find over ops in which joining two ops joins their same-place neighbours.
+"""Lockstep closure: a union-find over ops where joining two ops joins their same-place neighbours.
 
 When two ops are passes of one layer, the ops sitting in the same place next to them
 (same direction, same program point, same argument slot) are passes of one layer too:
@@ -57,11 +57,19 @@ class LockstepUnion:
         return all(self.find(m) == first for m in members)
 
     def join_all(self, members: Sequence[int]) -> None:
-        """Put `members` (all of one program point) in one layer, with everything that follows."""
-        for other in members[1:]:
-            self.join(members[0], other)
+        """Put `members` in one layer, with everything that follows from it.
 
-    def join(self, a: int, b: int) -> None:
+        Raises:
+            ValueError: `members` are not all ops of one program point.
+        """
+        points = {self.points[m] for m in members}
+        if len(points) != 1 or NOT_AN_OP in points:
+            raise ValueError(f"only ops of one program point can be joined; nodes "
+                             f"{list(members)!r} have program points {sorted(points)!r}")
+        for other in members[1:]:
+            self._join(members[0], other)
+
+    def _join(self, a: int, b: int) -> None:
         """Join the components of `a` and `b` and, transitively, their same-place neighbours."""
         find, size, root, tables = self.find, self._size, self._root, self._tables
         pending = [(a, b)]

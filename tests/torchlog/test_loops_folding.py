@@ -135,8 +135,9 @@ def test_outer_loop_first_keeps_the_inner_linear_one_layer():
 
 def test_three_nested_levels_each_with_its_own_linear():
     history = log(ThreeLevels(), torch.rand(2, 4))
-    assert passes_of(history) == {"input_1_0": 1, "linear_1_1": 2, "relu_1_2": 2, "linear_2_3": 4,
-                                  "sigmoid_1_4": 4, "linear_3_5": 12, "mul_1_6": 12, "output_1_7": 1}
+    assert passes_of(history) == {"input_1_0": 1, "linear_1_1": 2, "relu_1_2": 2,
+                                  "linear_2_3": 4, "sigmoid_1_4": 4, "linear_3_5": 12,
+                                  "mul_1_6": 12, "output_1_7": 1}
     assert history["linear_1_1:2"].parent_labels == ("mul_1_6:6",)
 
 

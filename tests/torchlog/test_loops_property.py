@@ -51,7 +51,8 @@ def test_generated_program_example_by_hand() -> None:
     """The oracle itself on a program small enough to check by eye."""
     program = Program(("linear", "act", "block"),
                       (Op("sin"), Loop(2, (Call(0), Op("half"), Loop(2, (Call(0),)))), Call(1)))
-    assert [kind for _, kind in ops_run(program)] == ["sin"] + ["linear", "mul", "linear", "linear"] * 2 + ["tanh"]
+    assert [kind for _, kind in ops_run(program)] == [
+        "sin", *["linear", "mul", "linear", "linear"] * 2, "tanh"]
     assert expected_labels(program) == [
         "input_1_0", "sin_1_1", "linear_1_2:1", "mul_1_3:1", "linear_1_2:2", "linear_1_2:3",
         "linear_1_2:4", "mul_1_3:2", "linear_1_2:5", "linear_1_2:6", "tanh_1_4", "output_1_5"]
@@ -78,7 +79,8 @@ class _Loop(nn.Module):
 
 def _capture(model: nn.Module, x: torch.Tensor) -> list:
     with torch.no_grad():
-        captured = run_captured(model, (x,), {}, CaptureOptions(save_all=False, save_indices=frozenset()))
+        options = CaptureOptions(save_all=False, save_indices=frozenset())
+        captured = run_captured(model, (x,), {}, options)
     return list(captured.nodes)
 
 
@@ -140,4 +142,5 @@ def test_100k_ops_are_grouped_in_under_2_s_and_in_linear_time() -> None:
     assert large_s < 2.0, f"grouping {len(large):,} ops took {large_s:.2f} s of CPU time"
     # Ten times the ops may cost at most twenty-five times the time: quadratic work would
     # cost a hundred times.
-    assert large_s < 25 * small_s, f"{len(small):,} ops: {small_s:.3f} s, {len(large):,}: {large_s:.3f} s"
+    assert large_s < 25 * small_s, (
+        f"{len(small):,} ops: {small_s:.3f} s, {len(large):,} ops: {large_s:.3f} s")
