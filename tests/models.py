@@ -377,3 +377,17 @@ class MutatedThroughView(nn.Module):
 
     def forward(self, x):
         return self.scatter(x) + 1
+
+
+class LongLoop(nn.Module):
+    """One Linear stepped `steps` times with tanh and +1: three ops and a module call a step."""
+
+    def __init__(self, steps: int = 600) -> None:
+        super().__init__()
+        self.steps = steps
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, x):
+        for _ in range(self.steps):
+            x = torch.tanh(self.cell(x)) + 1
+        return x

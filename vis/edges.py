@@ -12,7 +12,7 @@ from torchlog.vis.text import arg_text, passes_text, shape_text
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
-__all__ = ["SYMMETRIC_OPS", "shows_arg", "unrolled_edges", "rolled_edges", "failure_edges"]
+__all__ = ["SYMMETRIC_OPS", "args_between", "shows_arg", "unrolled_edges", "rolled_edges", "failure_edges"]
 
 # Layer types whose tensor arguments can be swapped without changing the result.
 SYMMETRIC_OPS = frozenset({
@@ -91,7 +91,7 @@ def _rolled_edges(parent: LayerRecord, child: LayerRecord, span: PassSpan, tail:
         return [Edge(tail, head, shape_text(parent.first.shape))]
     out_text = _span_text("Out", span.parent_passes, parent.num_passes)
     in_text = _span_text("In", span.child_passes, child.num_passes)
-    args = _args_between(parent, child, span.child_passes) if shows_arg(child.first) else [()]
+    args = args_between(parent, child, span.child_passes) if shows_arg(child.first) else [()]
     return [Edge(tail, head, _label(parent.first.shape, arg, True), out_text, in_text)
             for arg in args or [()]]
 
@@ -100,7 +100,7 @@ def _span_text(word: str, pass_nums: tuple[int, ...], num_passes: int) -> str:
     return "" if len(set(pass_nums)) == num_passes else f"{word} {passes_text(pass_nums)}"
 
 
-def _args_between(parent: LayerRecord, child: LayerRecord, child_passes: tuple[int, ...]) -> list[Any]:
+def args_between(parent: LayerRecord, child: LayerRecord, child_passes: tuple[int, ...]) -> list[Any]:
     """The distinct argument slots through which `child` reads `parent`, in first-seen order."""
     args: dict[Any, None] = {}
     for num in child_passes:

@@ -9,7 +9,7 @@ from typing import Any
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, LogFileNotFoundError
 
 __all__ = ["MODES", "VIS_OPTS", "DIRECTIONS", "FORMATS", "DEFAULT_FORMAT", "DEFAULT_OUTPATH",
-           "RenderOptions", "resolve_options", "keyword_options"]
+           "RenderOptions", "check_depth", "resolve_options", "keyword_options"]
 
 MODES = ("unrolled", "rolled", "backward")
 VIS_OPTS = MODES + ("none",)
@@ -49,7 +49,7 @@ class RenderOptions:
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
         _check_choice("direction", self.direction, tuple(DIRECTIONS))
-        _check_depth(self.nesting_depth)
+        check_depth(self.nesting_depth)
         if self.fileformat is not None:
             _check_choice("fileformat", self.fileformat, FORMATS)
         if self.outpath is not None and not isinstance(self.outpath, (str, os.PathLike)):
@@ -99,16 +99,22 @@ def _check_choice(name: str, value: Any, accepted: tuple[str, ...]) -> None:
         raise InvalidOptionError(f"{name} must be one of {listed}, got {value!r}")
 
 
-def _check_depth(depth: Any) -> None:
+def check_depth(depth: Any, name: str = "nesting_depth", none_means: str = "every level") -> None:
+    """Check a module depth: an int >= 1, or None (which means `none_means`).
+
+    Raises:
+        InvalidArgumentTypeError: not an int (bools included).
+        InvalidOptionError: below 1.
+    """
     if depth is None:
         return
     if isinstance(depth, bool) or not isinstance(depth, int):
         raise InvalidArgumentTypeError(
-            f"nesting_depth must be an int >= 1 or None (every level), got {depth!r} of type "
+            f"{name} must be an int >= 1 or None ({none_means}), got {depth!r} of type "
             f"{type(depth).__name__}")
     if depth < 1:
         raise InvalidOptionError(
-            f"nesting_depth must be >= 1 (1 draws only the top-level modules) or None, got {depth!r}")
+            f"{name} must be >= 1 (1 draws only the top-level modules) or None, got {depth!r}")
 
 
 def _check_folder(folder: Path, outpath: Any) -> None:

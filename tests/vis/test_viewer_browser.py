@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import torchlog
-from tests.models import Nested, SimpleRecurrent
+from tests.models import LongLoop, Nested, SimpleRecurrent
 from tests.vis.browser import open_page, run_and_wait, start_browser, wait_for
 from torchlog.vis.viewer.page import count_nodes
 
@@ -263,19 +263,8 @@ def test_transformers_gpt2_from_blocks_down_to_attention(driver, tmp_path):
     assert _num_nodes(driver) == count_nodes(history, "unrolled", None)
 
 
-class _LongLoop(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.cell = nn.Linear(4, 4)
-
-    def forward(self, x):
-        for _ in range(900):
-            x = torch.tanh(self.cell(x)) + 1
-        return x
-
-
 def test_a_graph_too_large_to_lay_out_asks_first_and_the_rolled_view_draws_it(driver, tmp_path):
-    history = torchlog.log_forward_pass(_LongLoop(), torch.randn(1, 4))
+    history = torchlog.log_forward_pass(LongLoop(900), torch.randn(1, 4))
     _open(driver, history, tmp_path, mode="unrolled", depth=2)  # depth 2: every module open
     message = driver.find_element("id", "torchlog-graph").text
     assert f"{count_nodes(history, 'unrolled', 2)} nodes" in message and "draw anyway" in message

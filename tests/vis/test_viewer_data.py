@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import torchlog
-from tests.models import Nested, SimpleRecurrent
+from tests.models import LongLoop, Nested, SimpleRecurrent
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, LogFileNotFoundError
 from torchlog.vis.viewer.data import page_data
 from torchlog.vis.viewer.page import READABLE_NODES, count_nodes, default_view, page_html
@@ -133,19 +133,8 @@ def test_default_depth_collapses_a_large_model():
     assert count_nodes(history, "unrolled", 1) <= READABLE_NODES < count_nodes(history, "unrolled", 2)
 
 
-class _LongLoop(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.cell = nn.Linear(4, 4)
-
-    def forward(self, x):
-        for _ in range(600):
-            x = torch.tanh(self.cell(x)) + 1
-        return x
-
-
 def test_a_long_loop_opens_rolled_unless_asked_otherwise():
-    history = torchlog.log_forward_pass(_LongLoop(), torch.randn(1, 4))
+    history = torchlog.log_forward_pass(LongLoop(600), torch.randn(1, 4))
     assert default_view(history, None, None)[0] == "rolled"
     assert default_view(history, "unrolled", None)[0] == "unrolled"
 

@@ -16,7 +16,7 @@ import torch
 
 from torchlog.labels import split_pass
 from torchlog.records import LayerRecord, ModuleRecord, PassRecord
-from torchlog.vis.edges import shows_arg
+from torchlog.vis.edges import args_between, shows_arg
 from torchlog.vis.graph import BUFFER, CREATED, FAILED, INPUT, MODULE, OP, OUTPUT, PARAM
 from torchlog.vis.placement import module_title
 from torchlog.vis.style import (
@@ -50,6 +50,7 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
         (['input_1_0', 'linear_1_1', 'output_1_2'], 'param')
     """
     stats_cache: dict[int, Any] = {}
+    layers = {layer.label: layer for layer in history.layers}
     with _one_thread():
         passes = [_pass_entry(r, stats_cache if with_stats else None) for r in history]
     return {
@@ -58,7 +59,7 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
         "caption": list(caption_lines(history)),
         "view": {"mode": mode, "depth": depth},
         "passes": passes,
-        "layers": [_layer_entry(layer) for layer in history.layers],
+        "layers": [_layer_entry(layer, layers) for layer in history.layers],
         "calls": (calls := _module_calls(history)),
         "modules": _modules(history, calls),
         "failure": _failure(history),
@@ -146,29 +147,16 @@ def _site(call_site: str | None) -> dict[str, Any] | None:
     return {"file": file, "line": line, "func": match["func"], "text": text}
 
 
-def _layer_entry(layer: LayerRecord) -> dict[str, Any]:
-    """A rolled node and its incoming edges, with the passes each edge links."""
+def _layer_entry(layer: LayerRecord, layers: dict[str, LayerRecord]) -> dict[str, Any]:
+    """A rolled node and its incoming edges, with the passes and argument slots each links."""
     parents = []
     for parent_label, span in layer.parent_layers.items():
-        parents.append({
-            "layer": parent_label,
-            "out": passes_text(span.parent_passes),
-            "in": passes_text(span.child_passes),
-            "args": _args_from(layer, parent_label, span.child_passes),
-        })
+        parent = layers.get(parent_label)
+        args = args_between(parent, layer, span.child_passes) if parent is not None else []
+        parents.append({"layer": parent_label, "out": passes_text(span.parent_passes),
+                        "in": passes_text(span.child_passes), "args": [arg_text(a) for a in args]})
     return {"label": layer.label, "type": layer.layer_type, "lines": list(layer_lines(layer.passes)),
             "passes": [r.label for r in layer.passes], "parents": parents}
-
-
-def _args_from(layer: LayerRecord, parent_label: str, child_passes: tuple[int, ...]) -> list[str]:
-    """The argument slots through which `layer` reads `parent_label`, first seen first."""
-    args: dict[str, None] = {}
-    for num in child_passes:
-        if 1 <= num <= layer.num_passes:
-            for edge in layer[num].parents:
-                if split_pass(edge.label)[0] == parent_label:
-                    args.setdefault(arg_text(edge.arg), None)
-    return list(args)
 
 
 def _module_calls(history: "ModelHistory") -> dict[str, dict[str, Any]]:

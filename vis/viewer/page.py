@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from torchlog.errors import (
     InvalidArgumentTypeError, InvalidOptionError, LogFileNotFoundError, TorchlogError,
 )
-from torchlog.vis.options import RenderOptions
+from torchlog.vis.options import RenderOptions, check_depth
 from torchlog.vis.placement import place
 from torchlog.vis.viewer.data import page_data
 
@@ -53,18 +53,6 @@ def _check_mode(mode: Any) -> None:
     if mode is not None and (not isinstance(mode, str) or mode not in MODES):
         raise InvalidOptionError(
             f"mode must be 'unrolled', 'rolled' or None (choose for me), got {mode!r}")
-
-
-def _check_depth(depth: Any) -> None:
-    if depth is None:
-        return
-    if isinstance(depth, bool) or not isinstance(depth, int):
-        raise InvalidArgumentTypeError(
-            f"depth must be an int >= 1 or None (a readable default), got {depth!r} of type "
-            f"{type(depth).__name__}")
-    if depth < 1:
-        raise InvalidOptionError(
-            f"depth must be >= 1 (1 shows each top-level module as one node) or None, got {depth!r}")
 
 
 def _check_history(history: Any) -> None:
@@ -139,7 +127,7 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
     """
     _check_history(history)
     _check_mode(mode)
-    _check_depth(depth)
+    check_depth(depth, "depth", "a readable default")
     mode, depth = default_view(history, mode, depth)
     data = page_data(history, mode, depth, with_stats)
     if focus is not None:
