@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping
+from time import perf_counter
 from typing import Any
 
 import h5py
@@ -32,72 +34,81 @@ ORDER = "order"  # attribute of LAYERS: JSON list of the labels in execution ord
 
 
 class Appender:
-    """Appends batches to the layer datasets of an open extract file, resuming where it stopped."""
+    """Appends batches to the layer datasets of an open extract file, after the ones it holds.
 
-    def __init__(self, file: h5py.File, path: str, options: WriteOptions) -> None:
+    With `num_samples` known, each layer is allocated whole on the first batch (stored
+    contiguously unless `chunks` or a compression asks for chunks), else it grows batch by
+    batch in chunks. `write_seconds` and `write_bytes` add up what the writes cost.
+    """
+
+    def __init__(self, file: h5py.File, path: str, options: WriteOptions,
+                 num_samples: int | None = None, chunks: bool | int | None = None) -> None:
         self._file = file
         self._path = path
         self._options = options
+        self._total = num_samples
+        self._chunks = chunks
         self._layers = file[LAYERS]
         self._sizes = file[BATCH_SIZES]
         self._done = [int(n) for n in self._sizes[()]]  # sizes of the finished batches
         self._num_samples = sum(self._done)
-        self._position = 0  # batches seen in this run
+        self.write_seconds = 0.0
+        self.write_bytes = 0
         for dataset in self._layers.values():  # drop a batch cut off by the interruption
-            if dataset.shape[0] != self._num_samples:
+            if dataset.maxshape[0] is None and dataset.shape[0] != self._num_samples:
                 dataset.resize(self._num_samples, axis=0)
 
-    def skip(self, num_samples: int) -> bool:
-        """True when this batch was written by an earlier run (and so needs no forward pass).
+    @property
+    def num_batches(self) -> int:
+        """Batches the file holds."""
+        return len(self._done)
 
-        Raises:
-            LogFileError: the earlier run's batch at this position had another size, so the
-                inputs are not the ones it was extracting.
-        """
-        if self._position >= len(self._done):
-            return False
-        expected = self._done[self._position]
-        if expected != num_samples:
-            raise LogFileError(
-                f"cannot resume {self._path!r}: batch {self._position} has {num_samples} samples "
-                f"but the interrupted run wrote {expected}; the inputs differ (pass overwrite=True "
-                "to start over)")
-        self._position += 1
-        return True
-
-    def append(self, values: dict[str, Any], num_samples: int) -> None:
-        """Append one batch: `values` maps each saved pass label to its activation.
+    def append(self, values: dict[str, Any], num_samples: int, index: int | None = None) -> None:
+        """Append one batch: `values` maps each saved pass label to its activation, in
+        execution order; `index` numbers the batch in messages (default: its place here).
 
         Raises:
             LogFileError: a value is not a tensor with `num_samples` rows, or the batch has
-                other layers or per-sample shapes than the batches before it.
+                other layers or per-sample shapes than the batches before it, or more
+                samples come than `num_samples` announced.
         """
+        index = len(self._done) if index is None else index
         arrays = {label: self._array(label, value, num_samples) for label, value in values.items()}
+        started = perf_counter()
         if ORDER not in self._layers.attrs:  # the first batch ever
             self._create(arrays, values)
         order = json.loads(self._layers.attrs[ORDER])
         if sorted(order) != sorted(values):
             raise LogFileError(
-                f"batch {self._position} saved layers {sorted(values)} but earlier batches saved "
+                f"batch {index} saved layers {sorted(values)} but earlier batches saved "
                 f"{sorted(order)} (in {self._path!r}); extract needs a model whose selected layers "
                 "run for every batch")
         end = self._num_samples + num_samples
         for label in order:
-            array = arrays[label]
-            dataset = self._layers[label]
-            if array.shape[1:] != dataset.shape[1:]:
-                raise LogFileError(
-                    f"layer {label!r} gave per-sample shape {array.shape[1:]} in batch "
-                    f"{self._position}, but {dataset.shape[1:]} before (in {self._path!r}); "
-                    "extract needs fixed shapes: pad or crop the inputs")
-            dataset.resize(end, axis=0)
-            dataset[self._num_samples:end] = array
+            self._write(label, arrays[label], end, index)
         self._sizes.resize((len(self._done) + 1,))
         self._sizes[-1] = num_samples
         self._done.append(num_samples)
         self._num_samples = end
-        self._position += 1
         self._file.flush()
+        self.write_seconds += perf_counter() - started
+        self.write_bytes += sum(a.nbytes for a in arrays.values())
+
+    def _write(self, label: str, array: np.ndarray, end: int, index: int) -> None:
+        dataset = self._layers[label]
+        if array.shape[1:] != dataset.shape[1:]:
+            raise LogFileError(
+                f"layer {label!r} gave per-sample shape {array.shape[1:]} in batch {index}, but "
+                f"{dataset.shape[1:]} before (in {self._path!r}); extract needs fixed shapes: "
+                "pad or crop the inputs")
+        if dataset.maxshape[0] is None:
+            dataset.resize(end, axis=0)
+        elif end > dataset.shape[0]:
+            raise LogFileError(
+                f"batch {index} ends at sample {end}, but {self._path!r} was laid out for "
+                f"{dataset.shape[0]} samples; the inputs changed since the run that made it "
+                "(pass overwrite=True to start over)")
+        dataset[self._num_samples:end] = array
 
     def _array(self, label: str, value: Any, num_samples: int) -> np.ndarray:
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != num_samples:
@@ -110,13 +121,24 @@ class Appender:
     def _create(self, arrays: dict[str, np.ndarray], values: dict[str, torch.Tensor]) -> None:
         for label, array in arrays.items():
             sample = array.shape[1:]
-            rows = max(1, CHUNK_BYTES // max(1, int(np.prod(sample, dtype=np.int64)) * array.itemsize))
+            rows = (None, *sample) if self._total is None else (self._total, *sample)
             dataset = self._layers.create_dataset(
-                label, shape=(0, *sample), maxshape=(None, *sample), dtype=array.dtype,
-                chunks=chunk_shape((rows, *sample), array.itemsize),
+                label, shape=(0 if self._total is None else self._total, *sample), maxshape=rows,
+                dtype=array.dtype, chunks=self._chunk_shape(array),
                 compression=self._options.compression, compression_opts=self._options.compression_opts)
             dataset.attrs["torch_dtype"] = dtype_name(values[label].dtype)
         self._layers.attrs[ORDER] = json.dumps(list(arrays))
+
+    def _chunk_shape(self, array: np.ndarray) -> tuple[int, ...] | None:
+        """None (contiguous) when the size is known and neither chunks nor compression are asked."""
+        sample = array.shape[1:]
+        if self._chunks is None and self._total is not None and self._options.compression is None:
+            return None
+        rows = self._chunks if isinstance(self._chunks, int) and not isinstance(self._chunks, bool) else (
+            max(1, CHUNK_BYTES // max(1, int(np.prod(sample, dtype=np.int64)) * array.itemsize)))
+        if self._total is not None:  # a fixed-size axis cannot have longer chunks
+            rows = min(rows, max(1, self._total))
+        return chunk_shape((rows, *sample), array.itemsize)
 
 
 class ActivationFile(Mapping):
@@ -141,6 +163,8 @@ class ActivationFile(Mapping):
             self.layers: list[str] = json.loads(layers.attrs[ORDER]) if ORDER in layers.attrs else []
             self.shapes = {k: (self.num_samples, *layers[k].shape[1:]) for k in self.layers}
             self.dtypes = {k: dtype_from_name(str(layers[k].attrs["torch_dtype"])) for k in self.layers}
+            for label in self.layers:
+                _check_sources(layers[label], label, self.path)
 
     def tensor(self, label: str) -> torch.Tensor:
         """The layer as a tensor of its original dtype (bfloat16 included).
@@ -178,3 +202,21 @@ class ActivationFile(Mapping):
         state = "" if self.is_complete else ", unfinished"
         layers = f"{len(self.layers)} layer{'' if len(self.layers) == 1 else 's'}"
         return f"<ActivationFile {self.path!r}: {layers} x {self.num_samples} samples{state}>"
+
+
+def _check_sources(dataset: h5py.Dataset, label: str, path: str) -> None:
+    """A joined file's layer reads from shard files: HDF5 fills rows of a missing one with
+    zeros, silently, so refuse to open it instead.
+
+    Raises:
+        LogFileError: a shard the layer reads from is not next to the file.
+    """
+    if not dataset.is_virtual:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    for source in dataset.virtual_sources():
+        if not os.path.exists(os.path.join(folder, source.file_name)):
+            raise LogFileError(
+                f"layer {label!r} of {path!r} reads from the shard {source.file_name!r}, which is "
+                f"not in {folder!r}; the joined file holds no data itself: keep the shards next "
+                "to it (move or copy them together)")

@@ -1,31 +1,32 @@
-"""Running chosen layers over a dataset into one growing array per layer, resumably.
+"""Running chosen layers over a dataset into one array per layer, resumably, in one or many processes.
 
 File layout (root attribute `format` = 'torchlog-extract'): `layers/<label>` holds one
-dataset per layer with the sample as first axis, grown batch by batch; `batch_sizes`
-records how many samples each finished batch added. A batch counts only once every layer
-got it, so after an interruption a rerun truncates any half-written batch and continues
-after the last finished one.
+dataset per layer with the sample as first axis; `batch_sizes` records how many samples
+each finished batch added. A batch counts only once every layer got it, so after an
+interruption a rerun continues after the last finished one. Under torch.distributed each
+rank writes a shard of its own and rank 0 joins them (see shards.py).
+
+The selection is resolved on the first batch; later batches save through module hooks
+or a lean capture (see extract_plan.py), at nearly the speed of a plain forward loop.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import h5py
-import numpy as np
-import torch
 from torch import nn
 
-from torchlog.api import log_forward_pass
-from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, LogFileError, LogFileExistsError
-from torchlog.capture.nesting import find_tensors
+from torchlog.errors import InvalidOptionError, LogFileError, LogFileExistsError
 from torchlog.selection import check_entries
 from torchlog.storage import files
-from torchlog.storage.arrays import BATCH_SIZES, LAYERS, ActivationFile, Appender
-from torchlog.storage.format import COMPLETE, EXTRACT_FORMAT_NAME, FORMAT_VERSION, WRITING
+from torchlog.storage.arrays import ActivationFile, Appender
+from torchlog.storage.batches import Batches, batch_len
+from torchlog.storage.distributed import Group, current_group
+from torchlog.storage.extract_files import finished_batches, open_extract, run_config
+from torchlog.storage.extract_plan import ExtractPlan
+from torchlog.storage.format import COMPLETE
+from torchlog.storage.shards import join_shards, other_runs, remove_other_runs, shard_path
 from torchlog.storage.values import WriteOptions
 
 __all__ = ["extract", "open_activations"]
@@ -33,13 +34,18 @@ __all__ = ["extract", "open_activations"]
 
 def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             batch_size: int | None = None, overwrite: bool = False, progress: bool | None = None,
-            compression: str | None = None,
-            on_batch: Callable[[Any, int], None] | None = None) -> ActivationFile:
-    """Log `layers` of `model` over every batch of `inputs`, appending them to the file `to`.
+            compression: str | None = None, on_batch: Callable[[Any, int], None] | None = None,
+            chunks: bool | int | None = None, random_seed: int = 0) -> ActivationFile:
+    """Save `layers` of `model` over every batch of `inputs` into one array per layer in `to`.
 
-    Each batch runs through `log_forward_pass(model, batch, layers_to_save=layers)`; each
-    selected pass becomes a dataset `layers/<label>` whose first axis is the sample.
-    Rerunning after an interruption skips the batches already written.
+    The first batch runs one logged pass to find the layers; later batches run with module
+    hooks (every entry a module address) or a lean capture, and a batch whose ops differ
+    from the first batch's is logged in full (OpSequenceChangedWarning). Each batch runs
+    under torch.no_grad() with the RNGs seeded to `random_seed` + its index. Rerunning
+    after an interruption continues after the last finished batch. Under torch.distributed
+    (e.g. torchrun), rank r of n takes the r-th of n blocks of batches, writes
+    `<to stem>.shard{r}-of-{n}.h5`, and rank 0 writes `to` joining them; each rank then
+    returns the joined file.
 
     Args:
         model: the module to run.
@@ -47,25 +53,33 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             each passed to forward like log_forward_pass's input_args (a list or tuple is
             spread into positional arguments: for a loader of (x, y) pairs, pass
             `(x for x, _ in loader)`); with batch_size, a tensor split along its first
-            axis, or an iterable of single samples (tensors, or tuples of tensors)
-            stacked into batches.
+            axis, a dataset (`len` and `[i]`) or an iterable of single samples (tensors,
+            or tuples of tensors) stacked into batches. Many processes need a known length.
         layers: entries as for layers_to_save (labels, module addresses, positions).
         to: the HDF5 file to create, or to resume.
         batch_size: samples per batch, see `inputs`.
-        overwrite: start over even if `to` exists.
-        progress: show a tqdm bar; None shows it only when stderr is a terminal.
-        compression: None, 'gzip' or 'lzf'.
-        on_batch: called as `on_batch(history, batch_index)` (0-based) once a batch is
-            written, e.g. for TensorBoard summaries; not for batches a resumed run skips.
+        overwrite: start over even if `to` (or its shards) exist.
+        progress: show a tqdm bar (global counts, on rank 0 only); None shows it only when
+            stderr is a terminal.
+        compression: None, 'gzip' or 'lzf' (chunked storage).
+        on_batch: called as `on_batch(history, batch_index)` once a batch is written, e.g. for
+            TensorBoard summaries; every batch then runs the full logged path.
+        chunks: None stores each layer contiguously when the number of samples is known (the
+            fastest writes), else in chunks of about 4 MiB; True chunks always; an int
+            sets the samples per chunk.
+        random_seed: seed of batch 0; batch i runs with random_seed + i.
 
     Returns:
         The file, opened for reading as numpy arrays.
 
     Raises:
-        InvalidArgumentTypeError, InvalidOptionError: bad arguments, before any batch runs.
-        LogFileExistsError: `to` exists and is not an unfinished extract of the same layers.
-        LogFileError: a layer's output has no batch axis, or changes shape between batches,
-            or the inputs of a resumed run do not match the batches already written.
+        InvalidArgumentTypeError, InvalidOptionError: bad arguments, an entry that selects
+            nothing, or samples of different shapes; before any file is written.
+        LogFileExistsError: `to` (or a shard) exists and is not an unfinished extract of this
+            same run (model, layers, batch size, number of processes).
+        LogFileError: a layer's output has no batch axis or changes shape between batches,
+            or a resumed run's inputs do not match the batches already written.
+        DistributedExtractError: another rank could not start, or rank 0 could not join.
 
     Example:
         >>> import tempfile, os, torch, torchlog
@@ -76,27 +90,122 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
         (10, 4)
     """
     options = WriteOptions(compression)
-    entries = _check_layers(layers)
-    batches = _batches(inputs, batch_size)
-    path = files.as_path(to, "to")
-    with _open(path, overwrite, type(model).__name__, entries) as file:
-        store = Appender(file, path, options)
-        for index, batch in enumerate(_progress(batches, _num_batches(inputs, batch_size), progress)):
-            num_samples = _batch_len(batch)
-            if store.skip(num_samples):
-                continue
-            history = log_forward_pass(model, batch, layers_to_save=entries)
-            store.append({p.label: p.tensor_contents for p in history if p.saved is not None},
-                         num_samples)
-            if on_batch is not None:
-                on_batch(history, index)
+    _check_chunks(chunks)
+    job = _Job(model, _check_layers(layers), Batches(inputs, batch_size), files.as_path(to, "to"),
+               current_group(), random_seed, on_batch)
+    problem, state = None, None
+    try:
+        state = job.start(overwrite)
+    except Exception as exc:  # every rank learns it before any rank writes
+        problem = exc
+    job.group.agree(problem)
+    if overwrite and job.group.rank == 0:
+        remove_other_runs(job.target, job.group.world_size)
+    done, stream, first = state
+    with open_extract(job.path, job.config, resume=bool(done)) as file:
+        store = Appender(file, job.path, options, job.batches.num_samples_in(job.share), chunks)
+        with _ProgressBar(job, progress) as bar:
+            job.count(bar, len(done), store)
+            for index, batch, saved in _chain(first, stream, job):
+                job.write(store, index, batch, saved)
+                job.count(bar, 1, store)
         file.attrs["status"] = COMPLETE
-    return ActivationFile(path)
+    job.group.finish(job.join)
+    return ActivationFile(job.target)
 
 
 def open_activations(path: Any) -> ActivationFile:
-    """Open a file written by `extract` for reading (see ActivationFile)."""
+    """Open a file written by `extract` for reading (see ActivationFile).
+
+    Example:
+        >>> import tempfile, os, torch, torchlog
+        >>> path = os.path.join(tempfile.mkdtemp(), "acts.h5")
+        >>> _ = torchlog.extract(torch.nn.ReLU(), torch.rand(6, 2), ["relu_1_1"], path, batch_size=4)
+        >>> open_activations(path).num_samples
+        6
+    """
     return ActivationFile(path)
+
+
+class _Job:
+    """One process's part of an extract: its file, its batches, and the plan that saves them."""
+
+    def __init__(self, model: nn.Module, entries: list, batches: Batches, target: str, group: Group,
+                 seed: int, on_batch: Callable | None) -> None:
+        self.target = target
+        self.group = group
+        self.batches = batches
+        self.share = batches.share(group.rank, group.world_size)
+        world = group.world_size
+        self.path = target if world == 1 else shard_path(target, group.rank, world)
+        model_name = type(model).__name__
+        self.config = run_config(model_name, entries, batches.batch_size, batches.num_samples,
+                                 world, None if world == 1 else group.rank)
+        self.target_config = run_config(model_name, entries, batches.batch_size, batches.num_samples,
+                                        world, None)
+        self.plan = ExtractPlan(model, entries, needs_history=on_batch is not None)
+        self.seed = seed
+        self.on_batch = on_batch
+
+    def start(self, overwrite: bool) -> tuple[list[int], Iterator, tuple | None]:
+        """Check the files and run the first batch still to do, writing nothing.
+
+        Returns:
+            The sizes of the batches finished earlier, the stream of the batches after the
+            first one to do, and that first one as (index, batch, (values, history)).
+        """
+        problem = None if overwrite else other_runs(self.target, self.group.world_size)
+        if problem is not None:
+            raise LogFileExistsError(
+                f"{self.target!r} cannot be resumed: {problem}; or pass overwrite=True "
+                "(--overwrite) to start over")
+        done = finished_batches(self.path, self.config, overwrite)
+        stream = self.batches.load(self.share, skip=len(done))
+        for index, batch in stream:
+            position = index - self.share.start
+            if position < len(done):
+                self._check_done(index, batch, done[position])
+                continue
+            return done, stream, (index, batch, self.save(index, batch))
+        return done, stream, None
+
+    def _check_done(self, index: int, batch: Any, expected: int) -> None:
+        size = self.batches.size(index) if batch is None else batch_len(batch)
+        if size != expected:
+            raise LogFileError(
+                f"cannot resume {self.path!r}: batch {index} has {size} samples but the "
+                f"interrupted run wrote {expected}; the inputs differ (pass overwrite=True to "
+                "start over)")
+
+    def save(self, index: int, batch: Any) -> tuple[dict, Any]:
+        return self.plan.save(batch, self.seed + index, index)
+
+    def write(self, store: Appender, index: int, batch: Any, saved: tuple[dict, Any]) -> None:
+        values, history = saved
+        store.append(values, batch_len(batch), index)
+        if self.on_batch is not None:
+            self.on_batch(history, index)
+
+    def count(self, bar: Any, num_batches: int, store: Appender) -> None:
+        total = self.group.count(num_batches)
+        if bar is not None:
+            bar.update(total - bar.n)
+            if store.write_seconds:
+                bar.set_postfix_str(f"write {store.write_bytes / store.write_seconds / 2**20:.0f} MB/s",
+                                    refresh=False)
+
+    def join(self) -> None:
+        if self.group.world_size > 1:
+            join_shards(self.target, self.group.world_size, self.target_config)
+
+
+def _chain(first: tuple | None, stream: Iterator, job: _Job) -> Iterator[tuple[int, Any, tuple]]:
+    """The first batch (already run), then the others, each run as it comes."""
+    if first is None:
+        return
+    yield first
+    for index, batch in stream:
+        yield index, batch, job.save(index, batch)
 
 
 def _check_layers(layers: Any) -> list[str | int]:
@@ -105,97 +214,28 @@ def _check_layers(layers: Any) -> list[str | int]:
     return check_entries(layers)
 
 
-def _batches(inputs: Any, batch_size: int | None) -> Iterator[Any]:
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                   or batch_size < 1):
-        raise InvalidOptionError(f"batch_size must be None or a positive int, got {batch_size!r}")
-    if isinstance(inputs, torch.Tensor):
-        return iter(inputs.split(batch_size) if batch_size else [inputs])
-    if not isinstance(inputs, Iterable):
-        raise InvalidArgumentTypeError(
-            f"inputs must be a tensor, an iterable of batches or a DataLoader, got {inputs!r}")
-    return iter(inputs) if batch_size is None else _stacked(iter(inputs), batch_size)
+def _check_chunks(chunks: Any) -> None:
+    if chunks is None or isinstance(chunks, bool) or (isinstance(chunks, int) and chunks > 0):
+        return
+    raise InvalidOptionError(
+        f"chunks must be None (contiguous when the size is known), True (chunks of about "
+        f"4 MiB) or a positive number of samples per chunk, got {chunks!r}")
 
 
-def _stacked(samples: Iterator[Any], batch_size: int) -> Iterator[Any]:
-    group: list[Any] = []
-    for sample in samples:
-        group.append(sample)
-        if len(group) == batch_size:
-            yield _stack(group)
-            group = []
-    if group:
-        yield _stack(group)
+class _ProgressBar:
+    """A tqdm bar of global batch counts on rank 0 (None elsewhere, or when not shown)."""
 
+    def __init__(self, job: _Job, progress: bool | None) -> None:
+        self.bar = None
+        if job.group.rank == 0 and progress is not False:
+            from tqdm.auto import tqdm
 
-def _stack(samples: list[Any]) -> Any:
-    first = samples[0]
-    if isinstance(first, torch.Tensor):
-        return torch.stack(samples)
-    if isinstance(first, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in first):
-        return type(first)(torch.stack(column) for column in zip(*samples))
-    raise InvalidArgumentTypeError(
-        f"with batch_size, inputs must yield tensors or tuples of tensors, got {type(first).__name__}")
+            self.bar = tqdm(total=job.batches.num_batches, unit="batch", desc="extract",
+                            disable=None if progress is None else False, file=sys.stderr)
 
+    def __enter__(self) -> Any:
+        return self.bar
 
-def _num_batches(inputs: Any, batch_size: int | None) -> int | None:
-    try:
-        n = len(inputs)
-    except TypeError:
-        return None
-    return n if batch_size is None else -(-n // batch_size)
-
-
-def _batch_len(batch: Any) -> int:
-    found = find_tensors(batch)
-    if not found or found[0][0].dim() == 0:
-        raise InvalidArgumentTypeError(
-            f"cannot tell the number of samples in batch {batch!r}: it holds no tensor with a "
-            "first (sample) axis")
-    return found[0][0].shape[0]
-
-
-def _progress(batches: Iterator[Any], total: int | None, progress: bool | None) -> Iterable[Any]:
-    from tqdm.auto import tqdm
-
-    return tqdm(batches, total=total, unit="batch", desc="extract",
-                disable=None if progress is None else not progress, file=sys.stderr)
-
-
-def _open(path: str, overwrite: bool, model_name: str, entries: list) -> h5py.File:
-    """Resume the unfinished extract at `path`, or create it.
-
-    Raises:
-        LogFileExistsError: `path` exists but is not an extract of this model and layers.
-    """
-    config = {"model_name": model_name, "layers": json.dumps(entries)}
-    if os.path.exists(path) and not overwrite:
-        problem = "it is not an HDF5 file"
-        if h5py.is_hdf5(path):
-            file = files.open_existing(path, "r+")
-            problem = _mismatch(file, path, config)
-            if problem is None:
-                return file
-            file.close()
-        raise LogFileExistsError(
-            f"{path!r} exists and cannot be resumed: {problem}; pass overwrite=True to replace "
-            "it, or choose another file")
-    files.check_new_path(path, overwrite)
-    file = files.create(path, overwrite)
-    file.attrs.update({"format": EXTRACT_FORMAT_NAME, "format_version": FORMAT_VERSION,
-                       "status": WRITING, **config})
-    file.create_group(LAYERS)
-    file.create_dataset(BATCH_SIZES, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(1024,))
-    return file
-
-
-def _mismatch(file: h5py.File, path: str, config: dict[str, str]) -> str | None:
-    try:
-        files.check_header(file, path, EXTRACT_FORMAT_NAME)
-    except LogFileError as exc:
-        return str(exc)
-    for key, value in config.items():
-        found = file.attrs.get(key)
-        if found != value:
-            return f"it holds an extract with {key} {found!r}, not {value!r}"
-    return None
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()

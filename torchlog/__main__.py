@@ -1,5 +1,5 @@
 """Command line: `python -m torchlog demo | show FILE | layers FILE | render FILE | view FILE |
-netron FILE`."""
+netron FILE | extract ...`."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,9 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["extract"]:
+        return _extract(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m torchlog", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="log the built-in example model, print its history "
@@ -16,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--html", default="torchlog_demo.html",
                       help="where to write the viewer page (default: %(default)s)")
     _add_file_commands(commands)
+    # Listed here; its options live with torchlog.storage, imported only when it runs (h5py).
+    commands.add_parser("extract", help="save chosen layers over a dataset into one array per "
+                        "layer, also under torchrun (see extract --help)")
     _add_view_command(commands)
     from torchlog.export.netron_command import add_netron_command, run_netron
 
@@ -33,6 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "view":
         return _view(args)
     return _run_file_command(args)
+
+
+def _extract(argv: list[str]) -> int:
+    """`python -m torchlog extract ...`, parsed and run by torchlog.storage."""
+    from torchlog.errors import MissingDependencyError
+    from torchlog.optional import require
+
+    try:
+        command = require("torchlog.storage.extract_command", "extract")  # lazily: h5py
+    except MissingDependencyError as exc:
+        print(f"torchlog: error: {exc}", file=sys.stderr)
+        return 1
+    return command.main(argv)
 
 
 def _add_view_command(commands: argparse._SubParsersAction) -> None:

@@ -8,7 +8,8 @@ __all__ = ["TorchlogError", "LayerNotFoundError", "InvalidOptionError", "Invalid
            "ModelInputError", "NondeterministicModelError", "NestedLoggingError", "LogFileError",
            "LogFileNotFoundError", "LogFileExistsError", "LogFilePermissionError",
            "MissingDependencyError", "LintError", "TorchlogWarning", "CompiledModelWarning",
-           "IncompleteLogWarning", "closest_matches"]
+           "IncompleteLogWarning", "OpSequenceChangedWarning", "DistributedExtractError",
+           "closest_matches"]
 
 _MAX_LISTED = 20  # LintError lists this many problems, then counts the rest
 
@@ -92,6 +93,14 @@ class CompiledModelWarning(TorchlogWarning):
 
 class IncompleteLogWarning(TorchlogWarning):
     """A log file was opened that its writer did not finish (crash, or the model raised)."""
+
+
+class OpSequenceChangedWarning(TorchlogWarning):
+    """An extract batch ran other ops than the first batch, so it was saved the slow, exact way."""
+
+
+class DistributedExtractError(TorchlogError, RuntimeError):
+    """Another rank of a distributed extract refused to start or failed; its message says why."""
 
 
 def closest_matches(key: str, candidates: Iterable[str], limit: int = 5) -> list[str]:

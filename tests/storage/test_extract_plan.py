@@ -1,0 +1,145 @@
+"""Tests of storage/extract_plan.py and extract_runners.py: the selection resolved once, then
+module hooks or a lean pass per batch, and the full path for a batch whose ops changed."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchlog
+from tests.models import (
+    IdentityModules,
+    ModuleOutputs,
+    MutatedThroughView,
+    Nested,
+    ReusedModule,
+    WithBuffers,
+)
+from torchlog.errors import LogFileError, NondeterministicModelError, OpSequenceChangedWarning
+from torchlog.storage.extract_plan import ExtractPlan
+
+
+def _full(model: nn.Module, batch: torch.Tensor, entries: list, seed: int) -> dict:
+    with torch.no_grad():
+        history = torchlog.log_forward_pass(model, batch, layers_to_save=entries, random_seed=seed)
+    return {p.label: p.tensor_contents for p in history}
+
+
+def _check_batches(model: nn.Module, entries: list, batches: list, kind: str) -> None:
+    plan = ExtractPlan(model, entries)
+    for index, batch in enumerate(batches):
+        values, history = plan.save(batch, 10 + index, index)
+        assert plan.kind == kind and history is None
+        expected = _full(model, batch, entries, 10 + index)
+        assert list(values) == list(expected)  # the same labels, in execution order
+        for label, value in expected.items():
+            assert torch.equal(values[label], value), label
+
+
+@pytest.mark.parametrize("make_model, shape, entries, kind", [
+    (Nested, (2, 4), ["block1", "block2.inner"], "hooks"),
+    (ReusedModule, (2, 4), ["cell", "act"], "hooks"),
+    (IdentityModules, (2, 3), ["ident", "through"], "hooks"),
+    (ModuleOutputs, (2, 3), ["reversed", "param", "twice", "as_dict", "lin", "mutates"], "hooks"),
+    (MutatedThroughView, (2, 4), ["scatter"], "hooks"),
+    (ModuleOutputs, (2, 3), ["exp", "relu_", 0, -1, "mul"], "lean"),
+    (Nested, (2, 4), ["linear", "block1.inner"], "lean"),
+    (ReusedModule, (2, 4), ["linear_1_1:2", "tanh"], "lean"),
+])
+def test_each_batch_saves_what_the_full_logged_path_saves(make_model, shape, entries, kind) -> None:
+    torch.manual_seed(0)
+    model = make_model()
+    batches = [torch.randn(*shape) for _ in range(3)]
+    _check_batches(model, entries, batches, kind)
+
+
+def test_buffers_and_callbacks_take_the_full_path() -> None:
+    model = WithBuffers()
+    batch = torch.randn(2, 4)
+    plan = ExtractPlan(model, ["buffer"])
+    plan.save(batch, 0, 0)
+    assert plan.kind == "full"
+    plan = ExtractPlan(nn.Sequential(nn.Linear(2, 2)), ["0"], needs_history=True)
+    values, history = plan.save(torch.ones(3, 2), 0, 0)
+    assert plan.kind == "full" and history is not None and list(values) == ["linear_1_1"]
+
+
+class Branchy(nn.Module):
+    """Runs one more op, or one more module, for a batch whose first value is above 50."""
+
+    def __init__(self, extra_module: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.extra = nn.Linear(3, 4), nn.Linear(4, 2), nn.Tanh()
+        self.extra_module = extra_module
+
+    def forward(self, x):
+        if x[0, 0] > 50:
+            x = self.extra(x) if self.extra_module else x.sin()
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _data(marked: int) -> list[torch.Tensor]:
+    batches = [torch.randn(3, 3) for _ in range(4)]
+    batches[marked][0, 0] = 100.0
+    return batches
+
+
+def test_a_batch_calling_another_module_is_saved_through_the_full_path() -> None:
+    model, batches = Branchy(extra_module=True), _data(marked=2)
+    plan = ExtractPlan(model, ["fc1", "fc2"])
+    with pytest.warns(OpSequenceChangedWarning, match=r"batch 2 ran other modules than the first "
+                      r"batch \(module call 2 is 'extra' where the first batch had 'fc1'"):
+        saved = [plan.save(batch, i, i)[0] for i, batch in enumerate(batches)]
+    # x[0, 0] > 50 runs two ops first: fc1 gives linear_1_3 in batch 0, linear_1_4 in batch 2.
+    assert plan.num_fallbacks == 1 and list(saved[2]) == ["linear_1_3", "linear_2_5"]
+    with torch.no_grad():
+        expected = model.fc1(model.extra(batches[2]))
+    assert torch.equal(saved[2]["linear_1_3"], expected)  # fc1's output, under batch 0's label
+
+
+def test_a_batch_running_other_ops_is_saved_exactly_or_refused(tmp_path: Path) -> None:
+    model, batches = Branchy(extra_module=False), _data(marked=1)
+    with pytest.warns(OpSequenceChangedWarning, match=r"batch 1 ran other ops than the first batch "
+                      r"\(call 3 is 'sin' where the first batch had 'linear'"):
+        with pytest.raises(LogFileError, match=r"batch 1 saved layers \['linear_2_6'\] but earlier "
+                           r"batches saved \['linear_2_5'\]"):
+            torchlog.extract(model, batches, ["linear_2"], tmp_path / "a.h5")
+    with warnings.catch_warnings():  # a module's output does not depend on ops around it
+        warnings.simplefilter("error")
+        acts = torchlog.extract(model, batches, ["fc2"], tmp_path / "b.h5")
+    with torch.no_grad():
+        expected = torch.cat([model(b) for b in batches])
+    np.testing.assert_array_equal(acts["linear_2_5"], expected.numpy())
+
+
+def test_a_model_whose_ops_change_between_two_runs_of_one_batch_is_reported() -> None:
+    class Flip(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return x.sin() if self.calls % 2 else x.cos()
+
+    plan = ExtractPlan(Flip(), ["sin"])
+    with pytest.warns(OpSequenceChangedWarning, match="did not see the ops the logged pass saw"):
+        with pytest.raises(NondeterministicModelError):
+            plan.save(torch.ones(2), 0, 0)
+    assert plan.kind == "full"
+
+
+def test_random_ops_follow_the_seed_of_each_batch() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)).train()
+    batch = torch.ones(4, 3)
+    first = ExtractPlan(model, ["dropout"]).save(batch, 7, 0)[0]["dropout_1_2"]
+    again = ExtractPlan(model, ["dropout"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again.save(batch, 0, 0)
+        assert torch.equal(again.save(batch, 7, 1)[0]["dropout_1_2"], first)
