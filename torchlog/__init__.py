@@ -42,11 +42,14 @@ def load(path: str) -> ModelHistory:
 
 def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | None = None,
             overwrite: bool = False, progress: bool | None = None,
-            compression: str | None = None, tensorboard: Any = None) -> Any:
+            compression: str | None = None, tensorboard: Any = None,
+            chunks: bool | int | None = None, random_seed: int = 0) -> Any:
     """Run `layers` over a dataset into one array per layer in the file `to`; see torchlog.storage.extract.
 
     With `tensorboard` (a folder or a SummaryWriter), each batch also gets a histogram and
-    mean/std scalars per extracted layer at step = batch index (see torchlog.export).
+    mean/std scalars per extracted layer at step = batch index (see torchlog.export); every
+    batch then runs the full logged path. Under torch.distributed (torchrun), each rank
+    writes a shard and rank 0 joins them into `to`.
 
     Raises:
         MissingDependencyError: h5py or tqdm is not installed (`pip install torchlog[storage]`),
@@ -56,7 +59,8 @@ def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | No
 
     with batch_summaries(tensorboard) as on_batch:
         return _storage().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
-                                  progress=progress, compression=compression, on_batch=on_batch)
+                                  progress=progress, compression=compression, on_batch=on_batch,
+                                  chunks=chunks, random_seed=random_seed)
 
 
 def _storage() -> Any:
