@@ -74,7 +74,7 @@ def run_extract(args: argparse.Namespace) -> str:
         InvalidOptionError, InvalidArgumentTypeError: a factory that cannot be imported or
             called, or returns the wrong kind of object; and whatever extract raises.
     """
-    device = _join_group(args.backend)
+    joined, device = _join_group(args.backend)
     try:
         model = load_factory(args.model, "--model")()
         if not isinstance(model, nn.Module):
@@ -88,7 +88,7 @@ def run_extract(args: argparse.Namespace) -> str:
                        compression=args.compression, chunks=args.chunks, random_seed=args.seed)
         return f"wrote {acts!r}" if _rank() == 0 else ""
     finally:
-        if device is not False:
+        if joined:
             torch.distributed.destroy_process_group()
 
 
@@ -133,19 +133,19 @@ def _entry(text: str) -> str | int:
         return text
 
 
-def _join_group(backend: str | None) -> torch.device | None | bool:
-    """Join the torchrun process group when there is one; the device of this rank with
-    NCCL, None on CPU, False when no group was joined here."""
+def _join_group(backend: str | None) -> tuple[bool, torch.device | None]:
+    """Join the torchrun process group when there is one and none was joined yet: (whether
+    this call joined it, this rank's GPU with NCCL or None)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
-        return False
+        return False, None
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         torch.distributed.init_process_group("nccl", device_id=device)
-        return device
+        return True, device
     torch.distributed.init_process_group("gloo")
-    return None
+    return True, None
 
 
 class _OnDevice(torch.utils.data.Dataset):
