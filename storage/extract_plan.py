@@ -1,7 +1,7 @@
 """Resolving an extract's layer selection once, on the first batch, into the cheapest way to save it.
 
-The first batch runs one logged pass without saving (the probe) to turn the entries into
-pass labels. Later batches then run with module hooks when every entry is a module
+The first batch runs one logged pass without saving (the probe, on its first sample
+only when the model runs the same ops on one sample) to turn the entries into pass labels. Later batches then run with module hooks when every entry is a module
 address, else with the lean capture, which saves at the probe's call positions. Each
 batch's module or op sequence is compared with the first batch's: a batch that differs
 runs the full logged path (`log_forward_pass` with `layers_to_save`) instead, with an
@@ -20,12 +20,13 @@ from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
 from torchlog.capture.call_sites import name_of
 from torchlog.capture.lean import call_names
-from torchlog.errors import OpSequenceChangedWarning
+from torchlog.errors import InvalidArgumentTypeError, OpSequenceChangedWarning
 from torchlog.history import ModelHistory, all_passes
 from torchlog.model_state import model_kept
 from torchlog.records import NodeKind, PassRecord
 from torchlog.seeding import seeded
 from torchlog.selection import resolve
+from torchlog.storage.batches import batch_len
 from torchlog.storage.extract_runners import HookRunner, LeanRunner
 
 __all__ = ["ExtractPlan"]
@@ -63,17 +64,44 @@ class ExtractPlan:
         """
         with torch.no_grad():
             if self.kind is None:
-                self._resolve(batch, seed)
+                return self._start(batch, seed)
             if self.kind == "full":
                 return self._full(batch, seed)
-            with seeded(seed), model_kept(self._named):
-                values, sequence = self._runner.run(self.model, positional_args(self.model, batch), {})
-            if self._reference is None:
-                return self._first(batch, seed, values, sequence)
+            values, sequence = self._fast(batch, seed)
             if values is not None and sequence == self._reference:
                 return values, None
             self._warn(index, sequence)
             return self._full(batch, seed)
+
+    def _start(self, batch: Any, seed: int) -> tuple[dict[str, torch.Tensor], ModelHistory | None]:
+        """Resolve the entries on the first sample (a cheap logged pass), then run the first
+        batch fast and keep its sequence; if that pass saw other calls than the probe (a
+        model whose ops depend on the batch size), resolve again on the whole batch."""
+        one = _first_sample(batch)
+        for probe in ([one] if one is not None else []) + [batch]:
+            try:
+                self._resolve(probe, seed)
+            except Exception:
+                if probe is batch:
+                    raise
+                continue  # e.g. a model that cannot run one sample: probe the whole batch
+            if self.kind == "full":
+                return self._full(batch, seed)
+            values, sequence = self._fast(batch, seed)
+            if values is not None and (self.kind == "hooks" or call_names(sequence) == self._expected):
+                self._reference = sequence
+                return values, None
+        warnings.warn(
+            f"the {self.kind} pass over the first batch did not see the "
+            f"{'module calls' if self.kind == 'hooks' else 'ops'} the logged pass saw, so "
+            "every batch runs the full logged path; the model may run other ops on each call",
+            OpSequenceChangedWarning, stacklevel=4)
+        self.kind = "full"
+        return self._full(batch, seed)
+
+    def _fast(self, batch: Any, seed: int) -> tuple[dict[str, torch.Tensor] | None, list]:
+        with seeded(seed), model_kept(self._named):
+            return self._runner.run(self.model, positional_args(self.model, batch), {})
 
     def _resolve(self, batch: Any, seed: int) -> None:
         probe = log_forward_pass(self.model, batch, layers_to_save=None, random_seed=seed)
@@ -89,20 +117,6 @@ class ExtractPlan:
             self.kind = "lean"
         else:
             self.kind = "full"
-
-    def _first(self, batch: Any, seed: int, values: dict | None,
-               sequence: list) -> tuple[dict[str, torch.Tensor], ModelHistory | None]:
-        """Keep the first fast pass's sequence as the reference, if it saw what the probe saw."""
-        if values is None or (self.kind == "lean" and call_names(sequence) != self._expected):
-            warnings.warn(
-                f"the {self.kind} pass over the first batch did not see the "
-                f"{'module calls' if self.kind == 'hooks' else 'ops'} the logged pass saw, so "
-                "every batch runs the full logged path; the model may run other ops on each call",
-                OpSequenceChangedWarning, stacklevel=4)
-            self.kind = "full"
-            return self._full(batch, seed)
-        self._reference = sequence
-        return values, None
 
     def _full(self, batch: Any, seed: int) -> tuple[dict[str, torch.Tensor], ModelHistory]:
         history = log_forward_pass(self.model, batch, layers_to_save=self.entries, random_seed=seed)
@@ -125,6 +139,28 @@ class ExtractPlan:
             "this batch was saved through the full logged path, which finds the selected "
             "layers by label, so no value comes from another op",
             OpSequenceChangedWarning, stacklevel=4)
+
+
+def _first_sample(batch: Any) -> Any:
+    """The batch cut to its first sample (every tensor whose first axis is the batch's), or
+    None when it holds one sample already or no tensor with a sample axis."""
+    try:
+        size = batch_len(batch)
+    except InvalidArgumentTypeError:
+        return None
+    if size <= 1:
+        return None
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value[:1] if value.dim() and value.shape[0] == size else value
+        if isinstance(value, (list, tuple)):
+            return type(value)(cut(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in value.items()}
+        return value
+
+    return cut(batch)
 
 
 def _lean_kind(record: PassRecord) -> str | None:

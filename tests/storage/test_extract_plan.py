@@ -143,3 +143,26 @@ def test_random_ops_follow_the_seed_of_each_batch() -> None:
         warnings.simplefilter("error")
         again.save(batch, 0, 0)
         assert torch.equal(again.save(batch, 7, 1)[0]["dropout_1_2"], first)
+
+
+class BatchSizeDependent(nn.Module):
+    """Runs one more op on batches of more than one sample, and cannot run one sample in training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.norm = nn.Linear(3, 3), nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        if x.shape[0] > 1:
+            x = x * 2
+        return self.norm(self.fc(x)).relu()
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_model_that_differs_on_one_sample_is_probed_on_the_whole_batch(train: bool) -> None:
+    model = BatchSizeDependent().train(train)
+    batches = [torch.randn(4, 3) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_batches(model, ["linear", "relu"], batches, "lean")
