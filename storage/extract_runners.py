@@ -8,38 +8,30 @@ sequence with the first batch's and falls back to the full path when they differ
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from torchlog.capture.lean import run_lean
+from torchlog.capture.module_outputs import run_module_outputs
 from torchlog.capture.nesting import find_tensors
 
-__all__ = ["HookRunner", "LeanRunner", "returned_tensors"]
-
-
-def returned_tensors(output: Any, param_ids: set[int]) -> list[torch.Tensor]:
-    """The tensors a module call returned, as capture lists them (parameters left out)."""
-    return [t for t, _ in find_tensors(output) if id(t) not in param_ids]
+__all__ = ["HookRunner", "LeanRunner"]
 
 
 class HookRunner:
-    """Saves module outputs with forward hooks on the selected modules.
+    """Saves module outputs with forward hooks on the selected modules (no capture mode).
 
-    Its sequence is the id of every module of the model called, in order (a global
-    pre-hook), so a batch that calls other modules, or the same ones in another order,
-    is noticed; ops inside a module do not change what the module returns.
+    Its sequence is the id of every module of the model called, in order, so a batch that
+    calls other modules, or the same ones in another order, is noticed; ops inside a
+    module do not change what the module returns.
     """
 
     def __init__(self, model: nn.Module, outputs: Mapping[str, Sequence[Sequence[str]]],
                  order: Sequence[str]) -> None:
         """`outputs`: module address -> per call, the labels of the tensors it returned;
         `order`: every label, in execution order."""
-        self._modules = dict(model.named_modules())
-        self._ids = {id(m) for m in self._modules.values()}
-        self._param_ids = {id(p) for p in model.parameters()}
+        self._named = list(model.named_modules())
         self._outputs = outputs
         self._order = order
 
@@ -47,36 +39,16 @@ class HookRunner:
         """Run forward once; return (values by label in execution order, or None when a
         selected module was called another number of times or returned another number of
         tensors than on the first batch; the module call sequence)."""
+        seen = run_module_outputs(model, args, kwargs, list(self._outputs), self._named)
         found: dict[str, torch.Tensor] = {}
-        calls: list[int] = []
-        missing: list[bool] = []
-        handles = [register_module_forward_pre_hook(
-            lambda module, _: calls.append(id(module)) if id(module) in self._ids else None)]
-        try:
-            for address, per_call in self._outputs.items():
-                hook = self._hook(per_call, found, missing)
-                handles.append(self._modules[address].register_forward_hook(hook))
-            model(*args, **kwargs)
-        finally:
-            for handle in handles:
-                handle.remove()
-        done = not missing and len(found) == len(self._order)
-        return ({label: found[label] for label in self._order} if done else None), calls
-
-    def _hook(self, per_call: Sequence[Sequence[str]], found: dict, missing: list) -> Any:
-        count = [0]
-
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            count[0] += 1
-            tensors = returned_tensors(output, self._param_ids)
-            if count[0] > len(per_call) or len(tensors) != len(per_call[count[0] - 1]):
-                missing.append(True)
-                return
-            for label, tensor in zip(per_call[count[0] - 1], tensors):
-                if label not in found:  # nested modules may return one tensor: copy it once
-                    found[label] = tensor.detach().clone()
-
-        return hook
+        for address, per_call in self._outputs.items():
+            calls = seen.returned[address]
+            if len(calls) != len(per_call) or any(len(a) != len(b) for a, b in zip(calls, per_call)):
+                return None, seen.calls
+            for labels, tensors in zip(per_call, calls):
+                for label, tensor in zip(labels, tensors):
+                    found.setdefault(label, tensor)
+        return {label: found[label] for label in self._order}, seen.calls
 
 
 class LeanRunner:
