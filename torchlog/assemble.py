@@ -153,5 +153,6 @@ def _module_records(captured: CapturedPass, labels: list) -> dict[str, ModuleRec
             children=module.children,
             call_outputs=tuple(tuple(outputs.get((address, k), ())) for k in range(1, n + 1)),
             call_layers=tuple(tuple(inside[(address, k)]) for k in range(1, n + 1)),
+            aliases=module.aliases,
         )
     return records

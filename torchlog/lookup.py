@@ -66,8 +66,10 @@ class KeyIndex:
                     self._add(f"{name}:{record.pass_num}", record.label, num, listed)
 
     def _add_modules(self, modules: Mapping[str, ModuleRecord], by_label: dict[str, PassRecord]) -> None:
-        """Module addresses find their first output; innermost modules claim a key first."""
-        for address, module in reversed(modules.items()):
+        """Module addresses (and a shared module's other addresses) find their first output;
+        innermost modules claim a key first."""
+        named = ((name, m) for m in reversed(modules.values()) for name in (m.address, *m.aliases))
+        for address, module in named:
             firsts = [by_label.get(call[0]) if call else None for call in module.call_outputs]
             if len(firsts) == 1 and firsts[0] is not None:
                 self._add(address, firsts[0].label, firsts[0].num_passes)

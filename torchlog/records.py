@@ -251,6 +251,7 @@ class ModuleRecord:
     children: tuple[str, ...]  # addresses of direct submodules
     call_outputs: tuple[tuple[str, ...], ...]  # per call: labels of the passes it returned
     call_layers: tuple[tuple[str, ...], ...]  # per call: labels of passes computed inside it
+    aliases: tuple[str, ...] = ()  # its other addresses when registered under several ('blocks.1.cpe')
 
     @property
     def num_passes(self) -> int:

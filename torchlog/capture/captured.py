@@ -26,7 +26,8 @@ class ModuleInfo:
     address: str  # e.g. 'features.3'
     type_name: str  # the class name, e.g. 'Conv2d'
     num_params: int  # parameters of the module and all its submodules
-    children: tuple[str, ...]  # addresses of its direct submodules
+    children: tuple[str, ...]  # addresses of its direct submodules (a shared one by its first address)
+    aliases: tuple[str, ...] = ()  # its other addresses when registered more than once
 
 
 @dataclass(frozen=True, slots=True)

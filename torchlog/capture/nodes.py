@@ -7,7 +7,11 @@ import torch
 
 from torchlog.records import TensorMeta
 
-__all__ = ["RawNode"]
+__all__ = ["OP_CONTEXT_KEY", "RawNode"]
+
+# RawNode.extra key of the state an op ran in when it differed from the usual one (grad mode
+# off, inference mode, autocast); kept with save_function_args so replay can restore it.
+OP_CONTEXT_KEY = "op_context"
 
 
 class RawNode:

@@ -14,7 +14,7 @@ from torch import nn
 from torchlog.capture.call_sites import call_site, name_of
 from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
 from torchlog.capture.nesting import find_tensors
-from torchlog.capture.nodes import RawNode
+from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
 from torchlog.records import ParamInfo, TensorMeta
 
@@ -33,6 +33,7 @@ _NOT_OPS = frozenset({
     "is_meta", "is_inference", "__len__", "__repr__", "__format__", "__hash__", "untyped_storage",
     "_version", "_base", "is_nested", "output_nr", "__dlpack_device__",
 })
+_AUTOCAST_DEVICES = ("cpu", "cuda")
 _INPLACE_DUNDERS = frozenset(
     f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
                             "and", "or", "xor", "lshift", "rshift")
@@ -49,7 +50,34 @@ def _describe(func: Callable) -> tuple[str, bool, bool]:
     """(name, is not an op, writes into its first argument by name); cached per function."""
     name = name_of(func)
     inplace = (name[-1:] == "_" and name[:1] != "_") or name in _INPLACE_DUNDERS or func is _SETITEM
-    return name, name in _NOT_OPS, inplace
+    # torch.autograd.grad shares its name with the Tensor.grad attribute but computes tensors.
+    return name, name in _NOT_OPS and func is not torch.autograd.grad, inplace
+
+
+def _copy_containers(value: Any) -> Any:
+    """`value` with every list, tuple and dict inside it copied; the tensors are not."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return kind(_copy_containers(v) for v in value)
+    if kind is dict:
+        return {k: _copy_containers(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return kind(*(_copy_containers(v) for v in value))
+    return value
+
+
+def _op_context() -> dict | None:
+    """The grad mode, inference mode and autocast state now, where not the usual; else None."""
+    context: dict[str, Any] = {}
+    if not torch.is_grad_enabled():
+        context["grad"] = False
+    if torch.is_inference_mode_enabled():
+        context["inference"] = True
+    for device in _AUTOCAST_DEVICES:
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            context.setdefault("autocast", {})[device] = str(dtype).removeprefix("torch.")
+    return context or None
 
 
 def _version(t: torch.Tensor) -> int:
@@ -246,6 +274,10 @@ class Recorder:
         self._call_count += 1
         call_id = self._call_count
         site = (call_site(), self.module_sites)
+        call_args = context = None
+        if self.options.save_function_args:  # as they are now: the model may grow a list later
+            call_args = (func, _copy_containers(args), _copy_containers(kwargs))
+            context = _op_context()
         for output_index, (t, _) in enumerate(outs):
             existing = self.producer.get(id(t))
             prior = self.nodes[existing.node] if existing is not None else None
@@ -261,9 +293,11 @@ class Recorder:
                 node.saved = prior.saved  # an op that returned its input unchanged: store once
             else:
                 self._maybe_save(node, t)
-            if self.options.save_function_args:
-                node.func_args = (func, args, kwargs)
+            if call_args is not None:
+                node.func_args = call_args
                 node.rng_state = self._rng_before
+                if context is not None:
+                    node.extra = {OP_CONTEXT_KEY: context}
             if changed:
                 self.last_write[t.untyped_storage().data_ptr()] = node.index
 

@@ -12,7 +12,7 @@ from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 
 from torchlog.capture.captured import CapturedPass, ModuleInfo
-from torchlog.capture.nesting import find_tensors
+from torchlog.capture.nesting import Attribute, find_tensors
 from torchlog.capture.options import CaptureOptions
 from torchlog.capture.recorder import Recorder
 from torchlog.errors import NestedLoggingError
@@ -56,7 +56,7 @@ def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOp
             "(a model that logs a sub-model); log the sub-model separately, outside the "
             "outer call")
     recorder = Recorder(model, options, named_modules)
-    for t, path in find_tensors((args, kwargs)):
+    for t, path in find_tensors((args, kwargs), attributes=True):
         if id(t) not in recorder.producer:
             recorder.add_source(t, "input", _input_name(path))
     try:
@@ -98,14 +98,51 @@ def module_table(named_modules: list[tuple[str, nn.Module]]) -> tuple[ModuleInfo
         own = sum(p.numel() for p in module._parameters.values() if p is not None and not is_lazy(p))
         num_params[address] = own + sum(num_params.get(f"{address}.{c}" if address else c, 0)
                                         for c in module._modules)
+    canonical = {id(module): address for address, module in named_modules}
+    aliases = _aliases(named_modules, canonical)
     return tuple(
         ModuleInfo(address, type(module).__name__, num_params[address],
-                   tuple(f"{address}.{name}" for name, child in module._modules.items()
-                         if child is not None))
+                   _children(address, module, canonical), aliases.get(address, ()))
         for address, module in named_modules if address)
+
+
+def _children(address: str, module: nn.Module, canonical: dict[int, str]) -> tuple[str, ...]:
+    """Addresses of a module's direct submodules, a shared one by its first address.
+
+    A submodule that is also an ancestor (a cycle) is left out, so walking children ends.
+    """
+    found = []
+    for child in module._modules.values():
+        if child is None:
+            continue
+        child_address = canonical[id(child)]
+        is_ancestor = not child_address or address.startswith(child_address + ".")
+        if child_address != address and not is_ancestor:
+            found.append(child_address)
+    return tuple(dict.fromkeys(found))
+
+
+def _aliases(named_modules: list[tuple[str, nn.Module]], canonical: dict[int, str]) -> dict[str, tuple]:
+    """Other addresses of modules registered more than once (`b.cpe = self.cpe1`), by first address."""
+    if not named_modules or not any(canonical[id(c)] != f"{a}.{n}".lstrip(".")
+                                    for a, m in named_modules for n, c in m._modules.items()
+                                    if c is not None):
+        return {}  # the common case: every module has one address
+    found: dict[str, list[str]] = {}
+    pending = [("", named_modules[0][1], frozenset())]
+    while pending:  # every address, depth first; a module inside itself is not entered again
+        address, module, ancestors = pending.pop()
+        first = canonical[id(module)]
+        if first != address:
+            found.setdefault(first, []).append(address)
+        inside = ancestors | {id(module)}
+        pending.extend((f"{address}.{name}" if address else name, child, inside)
+                       for name, child in reversed(module._modules.items())
+                       if child is not None and id(child) not in inside)
+    return {first: tuple(dict.fromkeys(others)) for first, others in found.items()}
 
 
 def _input_name(path: tuple) -> str:
     # path[0] is 0 for positional args, 1 for kwargs; the rest locates the tensor.
     head, rest = ("args", path[1:]) if path[0] == 0 else ("kwargs", path[1:])
-    return head + "".join(f"[{p!r}]" for p in rest)
+    return head + "".join(f".{p}" if isinstance(p, Attribute) else f"[{p!r}]" for p in rest)
