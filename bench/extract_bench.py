@@ -19,8 +19,9 @@ For each, samples/s of:
 Target: extract at least 80% of plain. Runs alternate plain and extract so that drift in
 machine load hits both; the medians are reported. The arrays of both are compared.
 
-Then the CNN's write rate for each layout extract offers (contiguous, chunks of ~4 MiB,
-gzip, lzf): MB/s of time spent writing (inside the appender, flush included) and file size.
+Then the CNN's write rate for each layout extract offers (chunks of whole batches, the
+default; contiguous; gzip; lzf): MB/s of time spent writing (inside the appender, flush
+included) and file size.
 """
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def write_rates(case: ExtractCase, folder: Path) -> list[tuple[str, float, float
     model, samples = case.build(), case.samples()
     entries = entries_for(case, model, samples)
     rows = []
-    for name, options in [("contiguous (default)", {}), ("chunks ~4 MiB", {"chunks": True}),
+    for name, options in [("chunks of batches", {}), ("contiguous", {"chunks": False}),
                           ("gzip (level 4)", {"compression": "gzip"}), ("lzf", {"compression": "lzf"})]:
         path = folder / "layout.h5"
         with _WriteTimer() as timer:

@@ -14,11 +14,9 @@ import torch
 from torchlog.errors import LayerNotFoundError, LogFileError, closest_matches
 from torchlog.storage import files
 from torchlog.storage.format import (
-    CHUNK_BYTES,
     COMPLETE,
     EXTRACT_FORMAT_NAME,
     array_to_tensor,
-    chunk_shape,
     dtype_from_name,
     dtype_name,
     is_bits_encoded,
@@ -31,14 +29,16 @@ __all__ = ["LAYERS", "BATCH_SIZES", "ORDER", "Appender", "ActivationFile"]
 LAYERS = "layers"  # group: one dataset per layer, sample axis first
 BATCH_SIZES = "batch_sizes"  # samples added by each finished batch
 ORDER = "order"  # attribute of LAYERS: JSON list of the labels in execution order
+_CHUNK_CACHE_BYTES = 1 << 20  # HDF5's default chunk cache per dataset
 
 
 class Appender:
     """Appends batches to the layer datasets of an open extract file, after the ones it holds.
 
-    With `num_samples` known, each layer is allocated whole on the first batch (stored
-    contiguously unless `chunks` or a compression asks for chunks), else it grows batch by
-    batch in chunks. `write_seconds` and `write_bytes` add up what the writes cost.
+    Layers are stored in chunks of whole batches (`chunks`: True or None), of `chunks`
+    samples (an int), or contiguously (False, with `num_samples` known and no compression).
+    With `num_samples` known each layer is allocated whole on the first batch, else it
+    grows batch by batch. `write_seconds` and `write_bytes` add up what the writes cost.
     """
 
     def __init__(self, file: h5py.File, path: str, options: WriteOptions,
@@ -121,24 +121,30 @@ class Appender:
     def _create(self, arrays: dict[str, np.ndarray], values: dict[str, torch.Tensor]) -> None:
         for label, array in arrays.items():
             sample = array.shape[1:]
-            rows = (None, *sample) if self._total is None else (self._total, *sample)
+            growing = self._total is None  # else allocated whole, its size fixed
             dataset = self._layers.create_dataset(
-                label, shape=(0 if self._total is None else self._total, *sample), maxshape=rows,
+                label, shape=(0 if growing else self._total, *sample),
+                maxshape=(None, *sample) if growing else None,
                 dtype=array.dtype, chunks=self._chunk_shape(array),
                 compression=self._options.compression, compression_opts=self._options.compression_opts)
             dataset.attrs["torch_dtype"] = dtype_name(values[label].dtype)
         self._layers.attrs[ORDER] = json.dumps(list(arrays))
 
     def _chunk_shape(self, array: np.ndarray) -> tuple[int, ...] | None:
-        """None (contiguous) when the size is known and neither chunks nor compression are asked."""
-        sample = array.shape[1:]
-        if self._chunks is None and self._total is not None and self._options.compression is None:
+        """Chunks of whole batches: one batch, or as many as fit in HDF5's 1 MiB chunk
+        cache, so no batch makes HDF5 read a chunk back; about twice the rate of contiguous
+        storage (bench/extract_bench.py). None (contiguous) with chunks=False."""
+        if self._chunks is False:
             return None
-        rows = self._chunks if isinstance(self._chunks, int) and not isinstance(self._chunks, bool) else (
-            max(1, CHUNK_BYTES // max(1, int(np.prod(sample, dtype=np.int64)) * array.itemsize)))
+        sample_bytes = max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.itemsize)
+        if isinstance(self._chunks, int) and not isinstance(self._chunks, bool):
+            rows = self._chunks
+        else:
+            batch = max(1, len(array))  # the first batch's size sets the unit
+            rows = batch * max(1, _CHUNK_CACHE_BYTES // (batch * sample_bytes))
         if self._total is not None:  # a fixed-size axis cannot have longer chunks
             rows = min(rows, max(1, self._total))
-        return chunk_shape((rows, *sample), array.itemsize)
+        return (rows, *array.shape[1:])
 
 
 class ActivationFile(Mapping):

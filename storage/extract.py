@@ -64,9 +64,10 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
         compression: None, 'gzip' or 'lzf' (chunked storage).
         on_batch: called as `on_batch(history, batch_index)` once a batch is written, e.g. for
             TensorBoard summaries; every batch then runs the full logged path.
-        chunks: None stores each layer contiguously when the number of samples is known (the
-            fastest writes), else in chunks of about 4 MiB; True chunks always; an int
-            sets the samples per chunk.
+        chunks: None (or True) stores each layer in chunks of whole batches (one batch, or
+            as many as fit in 1 MiB: the fastest appends); an int sets the samples per
+            chunk; False stores it contiguously (needs a known number of samples and no
+            compression).
         random_seed: seed of batch 0; batch i runs with random_seed + i.
 
     Returns:
@@ -90,9 +91,10 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
         (10, 4)
     """
     options = WriteOptions(compression)
-    _check_chunks(chunks)
-    job = _Job(model, _check_layers(layers), Batches(inputs, batch_size), files.as_path(to, "to"),
-               current_group(), random_seed, on_batch)
+    batches = Batches(inputs, batch_size)
+    _check_chunks(chunks, compression, batches)
+    job = _Job(model, _check_layers(layers), batches, files.as_path(to, "to"), current_group(),
+               random_seed, on_batch)
     problem, state = None, None
     try:
         state = job.start(overwrite)
@@ -214,12 +216,18 @@ def _check_layers(layers: Any) -> list[str | int]:
     return check_entries(layers)
 
 
-def _check_chunks(chunks: Any) -> None:
+def _check_chunks(chunks: Any, compression: str | None, batches: Batches) -> None:
+    if chunks is False and (compression is not None or batches.num_samples is None
+                            or not batches.is_indexable):
+        raise InvalidOptionError(
+            f"chunks=False (contiguous storage) needs a known number of samples (a tensor or a "
+            f"dataset, with batch_size) and no compression, got compression={compression!r} and "
+            f"{type(batches.inputs).__name__} inputs; leave chunks=None")
     if chunks is None or isinstance(chunks, bool) or (isinstance(chunks, int) and chunks > 0):
         return
     raise InvalidOptionError(
-        f"chunks must be None (contiguous when the size is known), True (chunks of about "
-        f"4 MiB) or a positive number of samples per chunk, got {chunks!r}")
+        f"chunks must be None or True (chunks of whole batches), a positive "
+        f"number of samples per chunk, or False (contiguous), got {chunks!r}")
 
 
 class _ProgressBar:

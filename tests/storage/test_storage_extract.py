@@ -164,3 +164,32 @@ def test_bad_arguments_are_refused_before_any_batch(tmp_path: Path) -> None:
     with pytest.raises(InvalidOptionError, match="batch_size"):
         torchlog.extract(Net(), torch.randn(4, 3), LAYERS, tmp_path / "a.h5", batch_size=0)
     assert not (tmp_path / "a.h5").exists()
+
+
+def test_layers_are_stored_in_chunks_of_whole_batches_or_as_asked(tmp_path: Path) -> None:
+    data = torch.randn(23, 3)
+    layouts = {"default": {}, "contiguous": {"chunks": False}, "rows": {"chunks": 7},
+               "gzip": {"compression": "gzip"}}
+    for name, options in layouts.items():
+        acts = torchlog.extract(Net(), data, LAYERS, tmp_path / f"{name}.h5", batch_size=5, **options)
+        np.testing.assert_allclose(acts["relu_1_2"], _expected(Net(), data)["relu_1_2"], rtol=1e-6, atol=1e-6)
+    with h5py.File(tmp_path / "default.h5") as file:  # small samples: as many batches as fit in 1 MiB
+        assert file["layers/relu_1_2"].chunks == (23, 5) and file["layers/relu_1_2"].shape == (23, 5)
+    with h5py.File(tmp_path / "contiguous.h5") as file:
+        assert file["layers/relu_1_2"].chunks is None
+    with h5py.File(tmp_path / "rows.h5") as file:
+        assert file["layers/relu_1_2"].chunks == (7, 5)
+    with h5py.File(tmp_path / "gzip.h5") as file:
+        assert file["layers/relu_1_2"].compression == "gzip"
+
+
+def test_contiguous_storage_needs_a_known_size_and_no_compression(tmp_path: Path) -> None:
+    with pytest.raises(InvalidOptionError, match="chunks=False .* got compression='gzip'"):
+        torchlog.extract(Net(), torch.randn(4, 3), LAYERS, tmp_path / "a.h5", batch_size=2,
+                         chunks=False, compression="gzip")
+    with pytest.raises(InvalidOptionError, match="chunks=False .* and generator inputs"):
+        torchlog.extract(Net(), (b for b in torch.randn(4, 3).split(2)), LAYERS, tmp_path / "a.h5",
+                         chunks=False)
+    with pytest.raises(InvalidOptionError, match="chunks must be .* got 0"):
+        torchlog.extract(Net(), torch.randn(4, 3), LAYERS, tmp_path / "a.h5", batch_size=2, chunks=0)
+    assert not (tmp_path / "a.h5").exists()
