@@ -8,9 +8,11 @@ from typing import Any
 import torch
 
 from torchlog.capture.nesting import find_tensors
+from torchlog.capture.nodes import OP_CONTEXT_KEY
 from torchlog.records import PassRecord
 
-__all__ = ["SETITEM", "is_continuous", "perturbed", "replaced", "rerun", "value_mismatch"]
+__all__ = ["SETITEM", "is_continuous", "largest_finite", "op_context", "perturbed", "replaced", "rerun",
+           "value_mismatch"]
 
 SETITEM = torch.Tensor.__setitem__
 
@@ -34,7 +36,7 @@ def rerun(record: PassRecord, values: dict[str, Any],
             source = swap[1] if swap is not None and swap[0] == edge.label else values[edge.label]
             clones[edge.label] = source.clone()
         _put(slots, edge.arg, clones[edge.label])
-    with torch.no_grad(), _rng(record.rng_state):
+    with op_context(record.extra.get(OP_CONTEXT_KEY)), _rng(record.rng_state):
         out = func(*slots["args"], **slots["kwargs"])
     if func is SETITEM:  # returns None: the result is the written-to tensor
         return [slots["args"][0]]
@@ -71,6 +73,24 @@ def replaced(old: Any, path: tuple, value: torch.Tensor) -> Any:
 
 
 @contextlib.contextmanager
+def op_context(context: dict | None) -> Iterator[None]:
+    """Run in the grad mode, inference mode and autocast state an op was logged in.
+
+    `context` is what capture stored under `extra['op_context']`: None for the usual
+    state (grad mode on, inference mode and autocast off), else the keys that differed:
+    `grad` (False), `inference` (True), `autocast` ({device type: dtype name}).
+    """
+    context = context or {}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.set_grad_enabled(bool(context.get("grad", True))))
+        if context.get("inference", False):
+            stack.enter_context(torch.inference_mode())
+        for device, dtype in context.get("autocast", {}).items():
+            stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+        yield
+
+
+@contextlib.contextmanager
 def _rng(state: torch.Tensor | None) -> Iterator[None]:
     """Run with the CPU RNG in `state` (as before the recorded op), then put it back."""
     if state is None:
@@ -84,24 +104,42 @@ def _rng(state: torch.Tensor | None) -> Iterator[None]:
         torch.set_rng_state(before)
 
 
-def perturbed(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor | None:
-    """Different values of the same shape, dtype and layout; None when none exist."""
+def perturbed(t: torch.Tensor, generator: torch.Generator, scale: float = 1.0) -> torch.Tensor | None:
+    """Different values of the same shape, dtype and layout; None when none exist.
+
+    Floats are drawn at the size of the largest of `t`'s finite values, `scale` (the
+    size of the op's output, so a change is not lost next to a large operand) and 1,
+    kept finite in `t`'s dtype; integers stay inside the dtype's range.
+    """
     if t.numel() == 0:
         return None
     cpu = t.detach().cpu()
     if t.dtype == torch.bool:
         new = torch.randint(0, 2, t.shape, generator=generator).bool()
     elif t.is_floating_point() or t.is_complex():
-        finite = cpu[torch.isfinite(cpu)].abs().double() if not t.is_complex() else cpu.abs()
-        scale = float(finite.max()) if finite.numel() else 1.0
-        new = torch.randn(t.shape, generator=generator, dtype=torch.float64) * max(scale, 1.0)
+        size = max(largest_finite(cpu), scale, 1.0)
+        if not t.is_complex():
+            size = min(size, torch.finfo(t.dtype).max / 8)  # randn reaches ~6 sigma
+        new = torch.randn(t.shape, generator=generator, dtype=torch.float64) * size
         new = new.to(t.dtype) if not t.is_complex() else (new + 1j * new.flip(-1)).to(t.dtype)
     else:
+        info = torch.iinfo(t.dtype)
         low, high = min(int(cpu.min()), 0), max(int(cpu.max()), 1)
-        new = torch.randint(low, high + 1, t.shape, generator=generator).to(t.dtype)
+        # randint draws int64 below its exclusive upper bound: stay inside both ranges.
+        high = min(high + 1, info.max, torch.iinfo(torch.int64).max)
+        new = torch.randint(max(low, info.min), high, t.shape, generator=generator).to(t.dtype)
     if torch.equal(new, cpu):
         return None
     return new.to(t.device)
+
+
+def largest_finite(t: torch.Tensor) -> float:
+    """The largest absolute finite value in `t` (0.0 for none or a non-float tensor)."""
+    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+        return 0.0
+    size = t.detach().abs()
+    finite = size[torch.isfinite(size)]
+    return float(finite.max()) if finite.numel() else 0.0
 
 
 def is_continuous(t: torch.Tensor) -> bool:

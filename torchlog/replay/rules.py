@@ -8,7 +8,7 @@ import torch
 from torchlog.records import PassRecord
 from torchlog.replay.rerun import SETITEM, is_continuous, replaced
 
-__all__ = ["UNDEFINED_VALUES", "ignores_parent_values"]
+__all__ = ["READS_EVERY_VALUE", "UNDEFINED_VALUES", "ignores_parent_values", "may_perturb"]
 
 # Outputs made from their tensor argument's shape, dtype and device only.
 _SHAPE_ONLY = frozenset({
@@ -17,11 +17,23 @@ _SHAPE_ONLY = frozenset({
 })
 # Ops that use their second argument (`other`) only for its shape or dtype.
 _SHAPE_OF_OTHER = frozenset({"type_as", "expand_as", "view_as", "reshape_as", "to"})
-# In-place ops that overwrite every element of their first argument.
+# In-place ops that overwrite every element of their first argument (torch.nn.init's too).
 _OVERWRITES_FIRST = frozenset({
     "copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
-    "geometric_", "cauchy_", "log_normal_", "bernoulli_",
+    "geometric_", "cauchy_", "log_normal_", "bernoulli_", "constant_", "zeros_", "ones_",
+    "eye_", "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+    "kaiming_normal_", "trunc_normal_", "orthogonal_", "sparse_",
 })
+_FIRST_SLOTS = (0, "self", "input", "tensor")  # how an op may name its first argument
+# Elementwise arithmetic: every element of the output reads the matching element of each
+# argument, so an output that a perturbation did not move means a wrong parent link.
+# (For other ops an unmoved output is only inconclusive: a zero weight, rounding, ...)
+READS_EVERY_VALUE = frozenset(
+    name
+    for op in ("add", "sub", "mul", "div", "true_divide")
+    for name in (op, f"{op}_", f"__{op}__", f"__r{op}__", f"__i{op}__")
+) | frozenset({"__truediv__", "__rtruediv__", "__itruediv__"})
+_PRODUCTS = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__"})
 # Norms taking (input, running_mean, running_var, weight, bias, use_batch_stats, ...).
 _NORMS = frozenset({"batch_norm", "instance_norm"})
 # Ops whose values are undefined (uninitialised memory): nothing to replay.
@@ -41,8 +53,9 @@ def ignores_parent_values(record: PassRecord, label: str, values: dict[str, Any]
     - `where`/`masked_fill` whose condition selects no element of the parent;
     - every output is a mask (bool) or an index computed from floats: a predicate
       (`isnan(x)`, `mask.all()`) or an argmax can be the same for many inputs;
-    - every output is constant (all elements equal, e.g. `0 * x`): nothing can show
-      a dependence.
+    - every output is constant (all elements equal, e.g. `0 * x`) or empty (`x[:0]`):
+      nothing can show a dependence;
+    - `bernoulli(x, p=0.5)` reads only x's shape; `a * b` with the other factor all zeros.
     """
     name = record.func_name
     slots = [edge.arg for edge in record.parents if edge.label == label]
@@ -50,7 +63,11 @@ def ignores_parent_values(record: PassRecord, label: str, values: dict[str, Any]
         return True
     if name in _SHAPE_OF_OTHER and all(s not in (0, "input", "self") for s in slots):
         return True
-    if name in _OVERWRITES_FIRST and all(s in (0, "self") for s in slots):
+    if name in _OVERWRITES_FIRST and all(s in _FIRST_SLOTS for s in slots):
+        return True
+    if name == "bernoulli" and _has_probability(record):  # draws with p: reads the shape only
+        return True
+    if name in _PRODUCTS and _other_factor_is_zero(record, slots, values):
         return True
     if record.func_args[0] is SETITEM and slots == [0] and _setitem_covers_all(record, values):
         return True
@@ -59,7 +76,22 @@ def ignores_parent_values(record: PassRecord, label: str, values: dict[str, Any]
     if name in ("where", "masked_fill", "masked_fill_") and _unselected(record, slots, values):
         return True
     parent = values[label]
-    return all(_is_mask_or_index(t, parent) or _is_constant(t) for t in outputs)
+    return all(_is_mask_or_index(t, parent) or _is_constant(t) or t.numel() == 0 for t in outputs)
+
+
+def _has_probability(record: PassRecord) -> bool:
+    _, args, kwargs = record.func_args
+    return "p" in kwargs or (len(args) > 1 and isinstance(args[1], float))
+
+
+def _other_factor_is_zero(record: PassRecord, slots: list, values: dict[str, Any]) -> bool:
+    """Whether `a * b` has the factor other than the parent at `slots` all zeros."""
+    if len(slots) != 1 or slots[0] not in (0, 1):
+        return False
+    other = _arg_value(record, 1 - slots[0], values)
+    if isinstance(other, torch.Tensor):
+        return other.numel() > 0 and not bool(other.detach().any())
+    return isinstance(other, (int, float)) and other == 0
 
 
 def _is_mask_or_index(output: torch.Tensor, parent: torch.Tensor) -> bool:
@@ -122,3 +154,12 @@ def _norm_uses_batch_stats(record: PassRecord) -> bool:
     flag = args[5] if len(args) > 5 else kwargs.get("training", kwargs.get("use_input_stats"))
     return bool(flag)
 
+
+def may_perturb(record: PassRecord, parent: torch.Tensor) -> bool:
+    """Whether the perturbation check may give this op other values for `parent`.
+
+    Floats always. Integer and bool tensors only for elementwise arithmetic: elsewhere
+    they may be sizes, lengths or indexes that kernels trust without checking (a packed
+    sequence's batch sizes), and other values could crash the interpreter.
+    """
+    return is_continuous(parent) or record.func_name in READS_EVERY_VALUE

@@ -13,8 +13,8 @@ from torchlog.capture.nesting import find_tensors
 from torchlog.model_state import model_kept
 from torchlog.records import PassRecord
 from torchlog.replay.report import ReplayProblem, ReplayReport, print_report
-from torchlog.replay.rerun import perturbed, rerun, value_mismatch
-from torchlog.replay.rules import UNDEFINED_VALUES, ignores_parent_values
+from torchlog.replay.rerun import is_continuous, largest_finite, perturbed, rerun, value_mismatch
+from torchlog.replay.rules import READS_EVERY_VALUE, UNDEFINED_VALUES, ignores_parent_values, may_perturb
 from torchlog.seeding import new_seed, seeded
 
 __all__ = ["find_replay_problems", "validate_saved_activations"]
@@ -24,7 +24,8 @@ _NUM_TRIES = 3  # fresh perturbations tried before concluding an output ignores 
 
 def validate_saved_activations(model: nn.Module, input_args: Any,
                                input_kwargs: dict[str, Any] | None = None,
-                               random_seed: int | None = None, verbose: bool = False) -> bool:
+                               random_seed: int | None = None, verbose: bool = False,
+                               return_report: bool = False) -> bool | ReplayReport:
     """Log `model` and check every saved activation by replaying the op that made it.
 
     The model runs twice with the same seed: once plainly and once logged with every
@@ -35,14 +36,20 @@ def validate_saved_activations(model: nn.Module, input_args: Any,
         model: the module to check; left as it was.
         input_args, input_kwargs: as for `log_forward_pass`.
         random_seed: seed of both runs (random when None).
-        verbose: print each failed check (pass, check, max difference) and a summary.
+        verbose: print each failed check (pass, check, max difference), each
+            inconclusive edge, and a summary.
+        return_report: return the ReplayReport (problems with the op and why,
+            inconclusive edges, counts) instead of a bool.
 
     Returns:
         True when the outputs match the plain run, every op replays to its saved value
-        and every parent it lists changes its output; False otherwise.
+        and no parent it lists is shown to be ignored; False otherwise. A model that
+        cannot be replayed (its logged run raises where the plain run did not, a check
+        cannot run) gives False and a problem naming the op and why, never an exception.
 
     Raises:
-        The errors of `log_forward_pass` for bad arguments, and whatever the model raises.
+        The errors of `log_forward_pass` for bad arguments, and whatever the model raises
+        on the plain run.
 
     Random ops are replayed with the CPU RNG state recorded before them; random ops on
     CUDA tensors are not reproduced yet and fail the replay check.
@@ -58,15 +65,27 @@ def validate_saved_activations(model: nn.Module, input_args: Any,
     args, kwargs = _fresh((positional_args(model, input_args), input_kwargs))
     with seeded(seed), model_kept(list(model.named_modules())):
         expected = model(*args, **kwargs)
-    args, kwargs = _fresh((input_args, input_kwargs))
-    history = log_forward_pass(model, args, kwargs, random_seed=seed, save_function_args=True,
-                               detach_saved_tensors=True)
+    report = _logged_report(model, _fresh((input_args, input_kwargs)), seed, expected)
+    if verbose:
+        print_report(report)
+    return report if return_report else report.passed
+
+
+def _logged_report(model: nn.Module, inputs: tuple, seed: int, expected: Any) -> ReplayReport:
+    """Log the second run and check it; a run or check that raises becomes a problem."""
+    try:
+        history = log_forward_pass(model, *inputs, random_seed=seed, save_function_args=True,
+                                   detach_saved_tensors=True)
+    except Exception as exc:  # the model ran plainly: it cannot be run again the same way
+        where = getattr(getattr(exc, "torchlog_history", None), "info", None)
+        detail = where.failure if where is not None else f"{type(exc).__name__}: {exc}"
+        return ReplayReport([ReplayProblem(
+            "model", "run", f"the logged run raised where the plain run did not ({detail}); "
+            "a model with side effects or state that changes per call cannot be replayed")])
     problems = _compare_outputs(history.passes, expected)
     report = find_replay_problems(history)
     report.problems[:0] = problems
-    if verbose:
-        print_report(report)
-    return not report.problems
+    return report
 
 
 def find_replay_problems(history: Any, check_perturbation: bool = True) -> ReplayReport:
@@ -75,15 +94,18 @@ def find_replay_problems(history: Any, check_perturbation: bool = True) -> Repla
     Two questions per op. Replay: does the op, re-run on its parents' saved values (in
     place of the tensors it really received) and with its recorded RNG state, give back
     its own saved value? A wrong saved value or a wrong parent link fails here. Perturb:
-    does the op's output move when one parent's values are replaced by others? A parent
-    link to a tensor the op never read fails here; `rules.ignores_parent_values` lists
-    the outputs that legitimately do not depend on a parent's values.
+    does the op's output move when one parent's values are replaced by others? An
+    elementwise arithmetic op whose output stays put fails here (it must read every
+    value); for other ops the edge is inconclusive (a zero weight, a change lost to
+    rounding), as is a parent not perturbed because its integer values may be sizes or
+    indexes. `rules.ignores_parent_values` lists the outputs that legitimately do not
+    depend on a parent's values.
 
     `history` must be logged with `save_function_args=True` and its activations saved;
     ops without them are counted as skipped. The history is not changed.
 
     Returns:
-        A report listing each failed replay or perturbation check.
+        A report listing each failed replay or perturbation check and each inconclusive edge.
     """
     passes = history.passes
     values = {p.label: p.tensor_contents for p in passes}
@@ -99,7 +121,11 @@ def find_replay_problems(history: Any, check_perturbation: bool = True) -> Repla
         call = _call_key(record)
         if problem is None and check_perturbation and call not in perturbed_calls:
             perturbed_calls.add(call)  # all outputs of one call share parents: check once
-            problem = _check_parents(record, values, calls[call], report)
+            try:
+                problem = _check_parents(record, values, calls[call], report)
+            except Exception as exc:  # a rule that cannot read this op: say so, go on
+                report.inconclusive.append(ReplayProblem(
+                    record.label, "perturb", f"could not be checked: {type(exc).__name__}: {exc}"))
         if problem is not None:
             report.problems.append(problem)
     return report
@@ -173,6 +199,8 @@ def _compare_outputs(passes: list[PassRecord], expected: Any) -> list[ReplayProb
 def _replayable(record: PassRecord, values: dict[str, Any]) -> bool:
     if record.func_args is None or record.func_name in UNDEFINED_VALUES or _is_alias_write(record):
         return False
+    if record.func_args[0] is torch.autograd.grad:  # needs the autograd graph, not saved values
+        return False
     if not isinstance(values.get(record.label), torch.Tensor):
         return False
     return all(isinstance(values.get(edge.label), torch.Tensor) for edge in record.parents)
@@ -201,27 +229,43 @@ def _check_replay(record: PassRecord, values: dict[str, Any]) -> ReplayProblem |
 # ----- perturbation --------------------------------------------------------------------------
 def _check_parents(record: PassRecord, values: dict[str, Any], outputs: dict[int, Any],
                    report: ReplayReport) -> ReplayProblem | None:
-    """Check that each parent moves some output of the call (`outputs`: index -> saved)."""
+    """Check that each parent moves some output of the call (`outputs`: index -> saved).
+
+    An unmoved output fails only for elementwise arithmetic, which reads every value;
+    for other ops (a zero weight, a change lost to rounding) the edge is inconclusive.
+    """
     generator = torch.Generator().manual_seed(record.op_index)
-    for label in record.parent_labels:
+    baseline = rerun(record, values)  # exact reference: replay matched the saved values
+    scale = max((largest_finite(t) for t in baseline), default=0.0)
+    for label in dict.fromkeys(record.parent_labels):
         if ignores_parent_values(record, label, values, list(outputs.values())):
             continue
-        outcome = _moves_output(record, values, label, outputs, generator)
-        if outcome is False:
+        if not may_perturb(record, values[label]):
+            report.inconclusive.append(ReplayProblem(
+                record.label, "perturb", f"parent {label!r} holds {values[label].dtype} values "
+                "that may be sizes or indexes: not perturbed"))
+            continue
+        outcome = _moves_output(record, values, label, baseline, outputs, (generator, scale))
+        if outcome is False and record.func_name in READS_EVERY_VALUE:
             return ReplayProblem(record.label, "perturb",
                                  f"{record.func_name!r} gave the same output with other values "
                                  f"in parent {label!r}: it does not seem to read that parent")
+        if outcome is not True:
+            why = "no perturbation of it could be run" if outcome is None else \
+                "other values in it did not move the output"
+            report.inconclusive.append(ReplayProblem(record.label, "perturb", f"parent {label!r}: {why}"))
         report.num_perturbed += outcome is True
     return None
 
 
-def _moves_output(record: PassRecord, values: dict[str, Any], label: str,
-                  outputs: dict[int, Any], generator: torch.Generator) -> bool | None:
-    """True if some perturbation of `label` changes an output, False if none does, None
-    when no perturbation could be made or run (the op rejects other values: indexes)."""
+def _moves_output(record: PassRecord, values: dict[str, Any], label: str, baseline: list,
+                  outputs: dict[int, Any], draw: tuple[torch.Generator, float]) -> bool | None:
+    """True if some perturbation of `label` changes an output (any element, exactly, against
+    an unperturbed re-run), False if none does, None when no perturbation could be made or
+    run (the op rejects other values: indexes)."""
     tried = False
     for _ in range(_NUM_TRIES):
-        other = perturbed(values[label], generator)
+        other = perturbed(values[label], *draw)
         if other is None:
             break
         try:
@@ -229,7 +273,18 @@ def _moves_output(record: PassRecord, values: dict[str, Any], label: str,
         except Exception:  # e.g. an index out of range: this draw says nothing
             continue
         tried = True
-        if any(i < len(result) and value_mismatch(saved, result[i]) is not None
-               for i, saved in outputs.items()):
+        if any(i < len(result) and i < len(baseline) and _differs(baseline[i], result[i])
+               for i in outputs):
             return True
     return False if tried else None
+
+
+def _differs(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether any element differs at all (NaN equals NaN): a change far under the replay
+    tolerance still shows that the output reads the parent (`x + 1e-6 * f(x)`)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return True
+    b = b.to(a.device)
+    if is_continuous(a):
+        return bool(((a != b) & ~(torch.isnan(a) & torch.isnan(b))).any())
+    return not torch.equal(a, b)
