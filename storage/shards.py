@@ -90,11 +90,12 @@ def join_shards(target: str, world_size: int, config: dict[str, str]) -> None:
                 raise LogFileError(f"shard {path!r} is not finished; rerun the extract to finish it")
             names.append(os.path.basename(path))
             sizes.append(shard[BATCH_SIZES][()].astype(np.int64))
-            layouts[rank] = _layers_of(shard, path)
+            layouts[rank] = _layers_of(shard)
     _write_target(target, names, sizes, layouts, config)
 
 
-def _layers_of(shard: h5py.File, path: str) -> dict[str, h5py.Dataset] | None:
+def _layers_of(shard: h5py.File) -> dict[str, tuple] | None:
+    """label -> (shape, numpy dtype, torch dtype name) of a shard's layers; None when empty."""
     layers = shard[LAYERS]
     if ORDER not in layers.attrs:
         return None  # a rank that had no batch
@@ -104,35 +105,54 @@ def _layers_of(shard: h5py.File, path: str) -> dict[str, h5py.Dataset] | None:
 
 def _write_target(target: str, names: list[str], sizes: list[np.ndarray], layouts: dict,
                   config: dict[str, str]) -> None:
-    filled = [(rank, found) for rank, found in layouts.items() if found is not None]
-    total = int(sum(s.sum() for s in sizes))
+    first = _common_layers(names, layouts)
     temporary = target + ".joining"
     with files.create(temporary, overwrite=True) as file:
         file.attrs.update({"format": EXTRACT_FORMAT_NAME, "format_version": FORMAT_VERSION,
                            "status": COMPLETE, **config, "shards": json.dumps(names)})
         group = file.create_group(LAYERS)
         file.create_dataset(BATCH_SIZES, data=np.concatenate(sizes or [np.zeros(0, np.int64)]))
-        if filled:
-            first_rank, first = filled[0]
-            for rank, found in filled:
-                if [(k, v[0][1:], v[1], v[2]) for k, v in found.items()] != \
-                        [(k, v[0][1:], v[1], v[2]) for k, v in first.items()]:
-                    raise LogFileError(
-                        f"shard {names[rank]!r} holds layers {_describe(found)}, but shard "
-                        f"{names[first_rank]!r} holds {_describe(first)}; rerun with overwrite=True")
-            for label, (shape, dtype, torch_dtype) in first.items():
-                layout = h5py.VirtualLayout(shape=(total, *shape[1:]), dtype=dtype)
-                offset = 0
-                for rank, rows in enumerate(sizes):
-                    count = int(rows.sum())
-                    if count:
-                        source = h5py.VirtualSource(names[rank], f"{LAYERS}/{label}",
-                                                    shape=layouts[rank][label][0])
-                        layout[offset:offset + count] = source[:count]
-                    offset += count
-                group.create_virtual_dataset(label, layout).attrs["torch_dtype"] = torch_dtype
+        for label, (_, dtype, torch_dtype) in first.items():
+            layout = _virtual_layer(label, dtype, names, sizes, layouts)
+            group.create_virtual_dataset(label, layout).attrs["torch_dtype"] = torch_dtype
+        if first:  # every shard empty: no layer, and no order, as in an empty extract file
             group.attrs[ORDER] = json.dumps(list(first))
     os.replace(temporary, target)
+
+
+def _common_layers(names: list[str], layouts: dict) -> dict[str, tuple]:
+    """The layers every non-empty shard holds ({} when all are empty).
+
+    Raises:
+        LogFileError: two shards differ in labels, per-sample shapes or dtypes.
+    """
+    filled = [(rank, found) for rank, found in layouts.items() if found is not None]
+    if not filled:
+        return {}
+    first_rank, first = filled[0]
+    for rank, found in filled[1:]:
+        if _describe(found) != _describe(first):
+            raise LogFileError(
+                f"shard {names[rank]!r} holds layers {_describe(found)}, but shard "
+                f"{names[first_rank]!r} holds {_describe(first)}; rerun with overwrite=True")
+    return first
+
+
+def _virtual_layer(label: str, dtype: np.dtype, names: list[str], sizes: list[np.ndarray],
+                   layouts: dict) -> h5py.VirtualLayout:
+    """One layer over every shard's rows, in rank order: row i is sample i."""
+    total = int(sum(rows.sum() for rows in sizes))
+    shape = next(found[label][0] for found in layouts.values() if found is not None)
+    layout = h5py.VirtualLayout(shape=(total, *shape[1:]), dtype=dtype)
+    offset = 0
+    for rank, rows in enumerate(sizes):
+        count = int(rows.sum())
+        if count:
+            # Relative to the joined file's folder: the shards sit next to it.
+            source = h5py.VirtualSource(names[rank], f"{LAYERS}/{label}", shape=layouts[rank][label][0])
+            layout[offset:offset + count] = source[:count]
+        offset += count
+    return layout
 
 
 def _describe(layers: dict) -> str:
