@@ -71,6 +71,10 @@ COVERED = {
     "save": "test_save_round_trip",
     "to_html": "test_to_html_and_show",
     "show": "test_to_html_and_show",
+    "module_tree": "test_exports",
+    "to_networkx": "test_exports",
+    "to_onnx": "test_exports",
+    "to_tensorboard": "test_exports",
     "summary": "test_summary_str_and_repr",
 }
 
@@ -267,6 +271,17 @@ def test_to_html_and_show(history: ModelHistory, tmp_path: Path) -> None:
     assert "linear_1_1" in Path(written).read_text()
     page = history.show(mode="rolled")
     assert "linear_1_1" in page._repr_html_()
+
+
+def test_exports(history: ModelHistory, tmp_path: Path) -> None:
+    assert "fc" in history.module_tree()
+    networkx = pytest.importorskip("networkx")
+    graph = history.to_networkx(mode="rolled")
+    assert isinstance(graph, networkx.MultiDiGraph) and "linear_1_1" in graph
+    pytest.importorskip("onnx")
+    assert Path(history.to_onnx(str(tmp_path / "graph.onnx"))).is_file()
+    pytest.importorskip("tensorboard")
+    assert Path(history.to_tensorboard(str(tmp_path / "runs"))).is_dir()
 
 
 def test_save_round_trip(history: ModelHistory, tmp_path: Path) -> None:
