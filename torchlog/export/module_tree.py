@@ -31,7 +31,8 @@ def module_tree(history: "ModelHistory") -> str:
     output shape, parameter count, call count and the time spent in the ops it ran.
 
     A module that ran several times lists its distinct output shapes; one that was never
-    called (a `ModuleList` holding blocks) says so. Time is the sum of the ops' own
+    called (a `ModuleList` holding blocks) says so, and so does the model of a partial
+    history. Time is the sum of the ops' own
     times (`elapsed_s`) inside every call, nested modules included.
 
     Example:
@@ -46,6 +47,8 @@ def module_tree(history: "ModelHistory") -> str:
     shapes = {p.label: tuple(p.shape) for p in history}
     root_facts = _facts([tuple(shapes[label]) for label in history.output_layers],
                         history.num_params, 1, sum(p.elapsed_s for p in history))
+    if history.is_partial:
+        root_facts += " · raised (partial history)"
     rows = [(f"{history.model_name}(" if modules else history.model_name, root_facts)]
     children = set(c for m in modules.values() for c in m.children)
     for address, module in modules.items():

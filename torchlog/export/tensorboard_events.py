@@ -108,13 +108,22 @@ def _check_writable(folder: Path) -> None:
 
 def _write_graph(writer: Any, history: "ModelHistory", step: int) -> None:
     """Graph and run metadata as two events, as both writers' own add_graph writes them."""
-    event_pb2 = require("tensorboard.compat.proto.event_pb2", "history.to_tensorboard()")
+    event_pb2 = _event_protos(writer)
     file_writer = writer._get_file_writer()  # both writers expose their event file this way
     graph = event_pb2.Event(graph_def=graph_def(history).SerializeToString())
     file_writer.add_event(graph, step)
     tagged = event_pb2.TaggedRunMetadata(tag=RUN_TAG.format(step=step),
                                          run_metadata=run_metadata(history).SerializeToString())
     file_writer.add_event(event_pb2.Event(tagged_run_metadata=tagged), step)
+
+
+def _event_protos(writer: Any) -> Any:
+    """The Event class module the writer accepts: tensorboardX checks it is its own."""
+    if type(writer).__module__.split(".")[0] == "tensorboardX":
+        from tensorboardX.proto import event_pb2  # the writer's own package: installed
+
+        return event_pb2
+    return require("tensorboard.compat.proto.event_pb2", "history.to_tensorboard()")
 
 
 def activation_tag(record: PassRecord) -> str:

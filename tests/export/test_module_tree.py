@@ -1,0 +1,60 @@
+"""history.module_tree (torchlog/export/module_tree.py): print(model)'s hierarchy with what each
+module did, against golden files (times, which vary, replaced by TIME)."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.export.histories import gpt2, logged, nested, partial, recurrent
+from tests.models import ReusedModule
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("TORCHLOG_UPDATE_GOLDEN") == "1"
+_TIME = re.compile(r"\d+(\.\d+)? (µs|ms|s)$", re.M)
+
+
+def _check_golden(text: str, name: str) -> None:
+    """Compare with tests/export/golden/<name>; TORCHLOG_UPDATE_GOLDEN=1 rewrites it."""
+    path = GOLDEN / name
+    stable = _TIME.sub("TIME", text) + "\n"
+    if UPDATE:
+        path.write_text(stable, encoding="utf-8")
+    assert stable == path.read_text(encoding="utf-8"), f"{name} differs from the golden file"
+
+
+@pytest.mark.parametrize("name, make", [
+    ("nested", nested),
+    ("recurrent", recurrent),
+    ("reused", lambda: logged(ReusedModule(), torch.ones(1, 4))),
+    ("partial", partial),
+])
+def test_module_tree_matches_golden(name, make):
+    _check_golden(make().module_tree(), f"module_tree_{name}.txt")
+
+
+def test_lines_follow_print_model():
+    model_text = str(ReusedModule())  # ReusedModule(\n  (cell): Linear(...)\n  (act): Tanh()\n)
+    tree = logged(ReusedModule(), torch.ones(1, 4)).module_tree().splitlines()
+    assert [line.split()[0] for line in tree] == [line.split()[0] for line in model_text.splitlines()]
+
+
+def test_time_is_the_sum_of_the_ops_inside():
+    history = nested()
+    line = next(l for l in history.module_tree().splitlines() if l.strip().startswith("(block2)"))
+    total = sum(p.elapsed_s for p in history if "block2:1" in p.containing_modules)
+    value, unit = _TIME.search(line).group(0).split()
+    assert float(value) * {"µs": 1e-6, "ms": 1e-3, "s": 1.0}[unit] == pytest.approx(total, rel=0.01)
+
+
+@pytest.mark.heavy
+def test_gpt2_tree():
+    history, model, _ = gpt2()
+    tree = history.module_tree()
+    names = [l.split(":")[0].strip() for l in tree.splitlines()[1:-1] if l.strip() != ")"]
+    assert len(names) == len(list(model.named_modules())) - 1
+    assert "(attn_dropout): Dropout" in tree and "not called" in tree  # SDPA path skips it
+    assert "(lm_head): Linear" in tree and "out (1, 8, 100)" in tree
