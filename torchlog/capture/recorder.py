@@ -13,6 +13,7 @@ from torch import nn
 
 from torchlog.capture.call_sites import call_site, name_of
 from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
+from torchlog.capture.functionals import expandable_body, run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
@@ -46,12 +47,13 @@ class _TensorRef(weakref.ref):
     __slots__ = ("key", "node", "version")
 
 
-def _describe(func: Callable) -> tuple[str, bool, bool]:
-    """(name, is not an op, writes into its first argument by name); cached per function."""
+def _describe(func: Callable) -> tuple[str, bool, bool, Callable | None]:
+    """(name, is not an op, writes into its first argument by name, guard-free body of a
+    Python functional or None); cached per function."""
     name = name_of(func)
     inplace = (name[-1:] == "_" and name[:1] != "_") or name in _INPLACE_DUNDERS or func is _SETITEM
     # torch.autograd.grad shares its name with the Tensor.grad attribute but computes tensors.
-    return name, name in _NOT_OPS and func is not torch.autograd.grad, inplace
+    return name, name in _NOT_OPS and func is not torch.autograd.grad, inplace, expandable_body(func)
 
 
 def _copy_containers(value: Any) -> Any:
@@ -124,7 +126,10 @@ class Recorder:
                     self.buffer_addresses.setdefault(id(b), prefix + name)
         self._failed_op: tuple[str, tuple, tuple[int, ...]] | None = None  # (name, stack, parents)
         self._error_stack: tuple | None = None  # the deepest module stack an exception left
-        self._funcs: dict[Any, tuple[str, bool, bool]] = {}  # function -> _describe(function)
+        self._funcs: dict[Any, tuple] = {}  # function -> _describe(function)
+        self.mode: Any = None  # the capture mode, pushed again to see inside Python functionals
+        self.expanding: set = set()  # Python functionals whose body is running as a scope
+        self.scope_calls: dict[str, int] = {}  # functional scope address -> calls so far
         self._call_count = 0
         self._forget = self._make_forget()
         self._rng_before: torch.Tensor | None = None  # CPU RNG state before the current op
@@ -208,9 +213,11 @@ class Recorder:
         entry = self._funcs.get(func)
         if entry is None:
             entry = self._funcs[func] = _describe(func)
-        name, not_op, writes_first_arg = entry
+        name, not_op, writes_first_arg, body = entry
         if not_op:
             return func(*args, **kwargs)
+        if body is not None and func not in self.expanding:
+            return run_expanded(self, func, name, body, args, kwargs)
         # Parents are found before the call: an in-place op (or batch norm updating its
         # running stats) changes its inputs, and the parents are what it read.
         parents, params = self._find_parents(args, kwargs)
@@ -236,6 +243,45 @@ class Recorder:
         self._record(func, name, writes_first_arg or "out" in kwargs, args, kwargs, outs, elapsed,
                      parents, params)
         return out
+
+    def record_call(self, func: Callable, name: str, args: tuple, kwargs: dict, out: Any,
+                    parents: list, params: list, rng: torch.Tensor | None) -> Any:
+        """Record a call that already ran as one op (a functional whose body recorded
+        nothing); `on_op` inlines the same steps."""
+        if isinstance(out, _Tensor):
+            outs = ((out, ()),)
+        elif out is None or isinstance(out, (bool, int, float, torch.Size, torch.dtype, str)):
+            return out
+        else:
+            outs = find_tensors(out)
+            if not outs:
+                return out
+        self._rng_before = rng
+        self._record(func, name, self._funcs[func][2] or "out" in kwargs, args, kwargs, outs, 0,
+                     parents, params)
+        return out
+
+    def rename_call(self, first_node: int, name: str, func_args: tuple, parents: list,
+                    params: list, rng: torch.Tensor | None) -> None:
+        """Give the one call recorded since `first_node` (a functional's only op) the
+        functional's name, arguments and parents, as if the functional had run as one op."""
+        call_id, params_t = self._call_count, tuple(params)
+        new = {index for index, _ in parents}
+        for node in self.nodes[first_node:]:
+            if node.call_id != call_id:
+                continue
+            for old in {index for index, _ in node.parents} - new:
+                self.nodes[old].children.remove(node.index)
+            for index in sorted(new - {index for index, _ in node.parents}):
+                self.nodes[index].children.append(node.index)
+            node.func_name, node.parents, node.params = name, parents, params_t
+            if node.func_args is not None:
+                node.func_args, node.rng_state = (func_args[0], _copy_containers(func_args[1]),
+                                                  _copy_containers(func_args[2])), rng
+
+    def collapse(self, func: Callable) -> None:
+        """Run `func` as one op from now on (its body ran one op)."""
+        self._funcs[func] = self._funcs[func][:3] + (None,)
 
     def _find_parents(self, args: tuple, kwargs: dict) -> tuple[list, list]:
         parents: list = []

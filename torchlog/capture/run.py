@@ -28,6 +28,7 @@ class _CaptureMode(TorchFunctionMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.on_op = recorder.on_op
+        recorder.mode = self  # pushed again while a Python functional's body runs
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         return self.on_op(func, args, kwargs or {})
