@@ -19,8 +19,8 @@ For each, samples/s of:
 Target: extract at least 80% of plain. Runs alternate plain and extract so that drift in
 machine load hits both; the medians are reported. The arrays of both are compared.
 
-Then the CNN's write rate for each layout extract offers (chunks of whole batches, the
-default; contiguous; gzip; lzf): MB/s of time spent writing (inside the appender, flush
+Then the CNN's write rate for each layout extract offers (contiguous, the default when the
+size is known; chunks of whole batches; gzip; lzf): MB/s of time spent writing (inside the appender, flush
 included) and file size.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, process_time
 from typing import Any
 
 import h5py
@@ -49,6 +49,9 @@ from torchlog.storage.arrays import Appender  # noqa: E402
 
 MB = 1 << 20
 TARGET = 0.80
+# wall: time.perf_counter; cpu: this process's CPU time, steadier on a machine others share.
+CLOCKS = {"wall": perf_counter, "cpu": process_time}
+clock = perf_counter
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def plain_loop(model: nn.Module, samples: torch.Tensor, case: ExtractCase, path:
     handles = [named[a].register_forward_hook(
         lambda m, args, out, a=a: copies.__setitem__(a, _first_tensor(out).detach().clone()))
         for a in case.modules]
-    started = perf_counter()
+    started = clock()
     try:
         with torch.no_grad(), h5py.File(path, "w") as file:
             for start in range(0, len(samples), case.batch_size):
@@ -110,15 +113,15 @@ def plain_loop(model: nn.Module, samples: torch.Tensor, case: ExtractCase, path:
     finally:
         for handle in handles:
             handle.remove()
-    return perf_counter() - started
+    return clock() - started
 
 
 def run_extract(model: nn.Module, samples: torch.Tensor, case: ExtractCase, entries: list, path: Path,
                 **options: Any) -> float:
-    started = perf_counter()
+    started = clock()
     torchlog.storage.extract(model, samples, entries, path, batch_size=case.batch_size, overwrite=True,
                              progress=False, **options)
-    return perf_counter() - started
+    return clock() - started
 
 
 def measure(case: ExtractCase, repeats: int, folder: Path) -> dict[str, Any]:
@@ -141,17 +144,17 @@ def measure(case: ExtractCase, repeats: int, folder: Path) -> dict[str, Any]:
 
 
 class _WriteTimer:
-    """Adds up the seconds and bytes of Appender.append while it is active."""
+    """Adds up the time (on the bench's clock) and bytes of Appender.append while active."""
 
     def __enter__(self) -> "_WriteTimer":
         self.seconds, self.num_bytes = 0.0, 0
         self._original, timer = Appender.append, self
 
         def timed(store: Appender, values: dict, num_samples: int, index: int | None = None) -> None:
-            before = store.write_seconds, store.write_bytes
+            before, started = store.write_bytes, clock()
             timer._original(store, values, num_samples, index)
-            timer.seconds += store.write_seconds - before[0]
-            timer.num_bytes += store.write_bytes - before[1]
+            timer.seconds += clock() - started
+            timer.num_bytes += store.write_bytes - before
 
         Appender.append = timed
         return self
@@ -160,18 +163,25 @@ class _WriteTimer:
         Appender.append = self._original
 
 
-def write_rates(case: ExtractCase, folder: Path) -> list[tuple[str, float, float]]:
-    """(layout, MB/s writing, file MB) for each layout extract offers, on `case`."""
+def write_rates(case: ExtractCase, folder: Path, repeats: int) -> list[tuple[str, float, float]]:
+    """(layout, MB/s writing, file MB) for each layout extract offers, on `case`; the layouts
+    take turns, `repeats` times, and the median rate of each is kept."""
     model, samples = case.build(), case.samples()
     entries = entries_for(case, model, samples)
-    rows = []
-    for name, options in [("chunks of batches", {}), ("contiguous", {"chunks": False}),
-                          ("gzip (level 4)", {"compression": "gzip"}), ("lzf", {"compression": "lzf"})]:
-        path = folder / "layout.h5"
-        with _WriteTimer() as timer:
-            run_extract(model, samples, case, entries, path, **options)
-        rows.append((name, timer.num_bytes / MB / timer.seconds, path.stat().st_size / MB))
-    return rows
+    rates: dict[str, list[float]] = {}
+    sizes: dict[str, float] = {}
+    for _ in range(repeats):
+        for name, options in _LAYOUTS:
+            path = folder / "layout.h5"
+            with _WriteTimer() as timer:
+                run_extract(model, samples, case, entries, path, **options)
+            rates.setdefault(name, []).append(timer.num_bytes / MB / timer.seconds)
+            sizes[name] = path.stat().st_size / MB
+    return [(name, statistics.median(rates[name]), sizes[name]) for name, _ in _LAYOUTS]
+
+
+_LAYOUTS =  [("chunks of batches", {}), ("contiguous", {"chunks": False}),
+            ("gzip (level 4)", {"compression": "gzip"}), ("lzf", {"compression": "lzf"})]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,10 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small models, one repeat (smoke run)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs each (default 3; 1 quick)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this process's CPU time (steadier on a shared machine)")
     args = parser.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (1 if args.quick else 3)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {repeats} run(s)")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} clock, "
+          f"median of {repeats} run(s)")
     header = f"{'case':<40} {'plain/s':>9} {'extract/s':>10} {'ratio':>6} {'full/s':>8} {'ratio':>6} {'max diff':>9}"
     print(header)
     verdicts = []
@@ -196,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{ratio:.0%} of plain (target {TARGET:.0%})")
         cnn = cases(args.quick)[1]
         print(f"\nWrite rates, {cnn.name} ({len(cnn.samples())} samples, three layers):")
-        for name, rate, size in write_rates(cnn, Path(folder)):
+        for name, rate, size in write_rates(cnn, Path(folder), repeats):
             print(f"  {name:<22} {rate:8.0f} MB/s   file {size:7.1f} MB")
     print("\nTargets:\n" + "\n".join(verdicts))
     return 0

@@ -35,10 +35,10 @@ _CHUNK_CACHE_BYTES = 1 << 20  # HDF5's default chunk cache per dataset
 class Appender:
     """Appends batches to the layer datasets of an open extract file, after the ones it holds.
 
-    Layers are stored in chunks of whole batches (`chunks`: True or None), of `chunks`
-    samples (an int), or contiguously (False, with `num_samples` known and no compression).
-    With `num_samples` known each layer is allocated whole on the first batch, else it
-    grows batch by batch. `write_seconds` and `write_bytes` add up what the writes cost.
+    With `num_samples` known, each layer is allocated whole on the first batch and stored
+    contiguously (`chunks` None or False) or in chunks; else it grows batch by batch in
+    chunks. Chunks hold whole batches (`chunks` None or True) or `chunks` samples (an int).
+    `write_seconds` and `write_bytes` add up what the writes cost.
     """
 
     def __init__(self, file: h5py.File, path: str, options: WriteOptions,
@@ -131,10 +131,11 @@ class Appender:
         self._layers.attrs[ORDER] = json.dumps(list(arrays))
 
     def _chunk_shape(self, array: np.ndarray) -> tuple[int, ...] | None:
-        """Chunks of whole batches: one batch, or as many as fit in HDF5's 1 MiB chunk
-        cache, so no batch makes HDF5 read a chunk back; about twice the rate of contiguous
-        storage (bench/extract_bench.py). None (contiguous) with chunks=False."""
-        if self._chunks is False:
+        """None (contiguous: the least CPU per MB in bench/extract_bench.py) when the size is
+        known, unless chunks or a compression are asked; else chunks of whole batches (one,
+        or as many as fit in HDF5's 1 MiB chunk cache), so no batch reads a chunk back."""
+        if self._chunks is False or (self._chunks is None and self._total is not None
+                                     and self._options.compression is None):
             return None
         sample_bytes = max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.itemsize)
         if isinstance(self._chunks, int) and not isinstance(self._chunks, bool):

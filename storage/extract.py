@@ -64,10 +64,10 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
         compression: None, 'gzip' or 'lzf' (chunked storage).
         on_batch: called as `on_batch(history, batch_index)` once a batch is written, e.g. for
             TensorBoard summaries; every batch then runs the full logged path.
-        chunks: None (or True) stores each layer in chunks of whole batches (one batch, or
-            as many as fit in 1 MiB: the fastest appends); an int sets the samples per
-            chunk; False stores it contiguously (needs a known number of samples and no
-            compression).
+        chunks: None stores each layer contiguously when the number of samples is known
+            and nothing is compressed, else in chunks of whole batches; True always
+            chunks; an int sets the samples per chunk; False insists on contiguous storage
+            (a known number of samples, no compression).
         random_seed: seed of batch 0; batch i runs with random_seed + i.
 
     Returns:
@@ -222,12 +222,12 @@ def _check_chunks(chunks: Any, compression: str | None, batches: Batches) -> Non
         raise InvalidOptionError(
             f"chunks=False (contiguous storage) needs a known number of samples (a tensor or a "
             f"dataset, with batch_size) and no compression, got compression={compression!r} and "
-            f"{type(batches.inputs).__name__} inputs; leave chunks=None")
+            f"{type(batches.inputs).__name__} inputs; leave chunks=None to chunk when needed")
     if chunks is None or isinstance(chunks, bool) or (isinstance(chunks, int) and chunks > 0):
         return
     raise InvalidOptionError(
-        f"chunks must be None or True (chunks of whole batches), a positive "
-        f"number of samples per chunk, or False (contiguous), got {chunks!r}")
+        f"chunks must be None (contiguous when possible), True (chunks of whole batches), a "
+        f"positive number of samples per chunk, or False (contiguous), got {chunks!r}")
 
 
 class _ProgressBar:

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--overwrite", action="store_true", help="start over if the file exists")
     command.add_argument("--compression", choices=("gzip", "lzf"), default=None)
     command.add_argument("--chunks", type=int, default=None,
-                         help="samples per chunk (default: whole batches)")
+                         help="samples per chunk (default: contiguous when the size is known)")
     command.add_argument("--seed", type=int, default=0, help="seed of batch 0 (batch i: seed + i)")
     command.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                          help="torch.distributed backend (default: nccl with CUDA, else gloo)")

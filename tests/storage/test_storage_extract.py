@@ -166,21 +166,26 @@ def test_bad_arguments_are_refused_before_any_batch(tmp_path: Path) -> None:
     assert not (tmp_path / "a.h5").exists()
 
 
-def test_layers_are_stored_in_chunks_of_whole_batches_or_as_asked(tmp_path: Path) -> None:
+def test_layers_are_contiguous_when_the_size_is_known_else_in_chunks_of_batches(tmp_path: Path) -> None:
     data = torch.randn(23, 3)
-    layouts = {"default": {}, "contiguous": {"chunks": False}, "rows": {"chunks": 7},
+    layouts = {"default": {}, "chunked": {"chunks": True}, "rows": {"chunks": 7},
                "gzip": {"compression": "gzip"}}
     for name, options in layouts.items():
         acts = torchlog.extract(Net(), data, LAYERS, tmp_path / f"{name}.h5", batch_size=5, **options)
         np.testing.assert_allclose(acts["relu_1_2"], _expected(Net(), data)["relu_1_2"], rtol=1e-6, atol=1e-6)
-    with h5py.File(tmp_path / "default.h5") as file:  # small samples: as many batches as fit in 1 MiB
-        assert file["layers/relu_1_2"].chunks == (23, 5) and file["layers/relu_1_2"].shape == (23, 5)
-    with h5py.File(tmp_path / "contiguous.h5") as file:
-        assert file["layers/relu_1_2"].chunks is None
+    with h5py.File(tmp_path / "default.h5") as file:  # the size is known: allocated whole
+        assert file["layers/relu_1_2"].chunks is None and file["layers/relu_1_2"].shape == (23, 5)
+    with h5py.File(tmp_path / "chunked.h5") as file:  # small samples: as many batches as fit in 1 MiB
+        assert file["layers/relu_1_2"].chunks == (23, 5)
     with h5py.File(tmp_path / "rows.h5") as file:
         assert file["layers/relu_1_2"].chunks == (7, 5)
-    with h5py.File(tmp_path / "gzip.h5") as file:
-        assert file["layers/relu_1_2"].compression == "gzip"
+    with h5py.File(tmp_path / "gzip.h5") as file:  # compressed: in chunks of whole batches
+        assert file["layers/relu_1_2"].compression == "gzip" and file["layers/relu_1_2"].chunks == (23, 5)
+    growing = torchlog.extract(Net(), list(data.split(5)), LAYERS, tmp_path / "grown.h5")
+    with h5py.File(growing.path) as file:  # size unknown: grows in chunks of whole batches
+        rows, width = file["layers/relu_1_2"].chunks
+        assert rows % 5 == 0 and rows * width * 4 <= 1 << 20 < (rows + 5) * width * 4
+        assert file["layers/relu_1_2"].maxshape == (None, 5)
 
 
 def test_contiguous_storage_needs_a_known_size_and_no_compression(tmp_path: Path) -> None:
