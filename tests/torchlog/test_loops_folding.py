@@ -407,3 +407,27 @@ def test_module_rewriting_its_buffer_called_in_a_loop_folds():
     assert passes_of(history) == {"input_1_0": 1, "buffer_1_1": 1, "add_1_2": 4, "mul_1_3": 4,
                                   "output_1_4": 1}
     assert history.modules["cell"].num_passes == 4
+
+
+# ----- ops inside Python functionals -----------------------------------------------------------
+class SharedAttentionInALoop(nn.Module):
+    """One attention module applied three times: the ops of `F.multi_head_attention_forward`'s
+    body all share the user's call site, so their place in the body tells them apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 4)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = x + self.attn(x, x, x, need_weights=False)[0]
+        return x
+
+
+def test_each_op_of_a_functional_called_in_a_loop_is_one_layer_per_place_in_its_body():
+    torch.manual_seed(0)
+    history = log(SharedAttentionInALoop().eval(), torch.rand(5, 2, 16))
+    counts = passes_of(history)
+    assert {label: n for label, n in counts.items() if n != 3} == {"input_1_0": 1,
+                                                                    f"output_1_{len(counts) - 1}": 1}
+    assert 3 * (len(counts) - 2) == len(history) - 2  # one layer per op of one call
