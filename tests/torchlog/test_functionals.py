@@ -152,3 +152,28 @@ def test_one_op_functionals_keep_their_name_arguments_and_parents() -> None:
 def test_multihead_attention_replays() -> None:
     torch.manual_seed(0)
     assert torchlog.validate_saved_activations(Attention(), torch.rand(5, 2, 16), random_seed=0)
+
+
+def test_ops_of_a_functional_called_in_a_loop_fold_per_instruction() -> None:
+    """Each op of the body is sited at its own instruction of the body, so its passes fold
+    across the loop's calls, while different instructions stay different layers."""
+
+    class Loop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(3):
+                x = self.attn(x, x, x, need_weights=False)[0]
+            return x
+
+    history = _log(Loop(), torch.rand(4, 2, 8))
+    assert len(history) == 71
+    views = [layer for layer in history.layers if layer.layer_type == "view"]
+    assert [layer.label for layer in views] == [f"view_{k}_{n}" for k, n in
+                                                zip(range(1, 8), (9, 11, 13, 15, 16, 17, 22))]
+    assert all(len(layer.passes) == 3 for layer in views)
+    assert history["view_1_9:1"].call_site.endswith("in multi_head_attention_forward")
+    assert all(len(layer.passes) % 3 == 0 for layer in history.layers if layer.layer_type != "output"
+               and layer.layer_type != "input")

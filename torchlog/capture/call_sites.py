@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["call_site", "name_of"]
+__all__ = ["call_site", "mark_user_code", "name_of"]
 
 # torch's package and torchlog's (two levels above this file): frames there are not user code.
 _TORCHLOG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,6 +35,11 @@ def call_site() -> tuple | None:
             return (code, frame.f_lasti, frame.f_lineno)
         frame = frame.f_back
     return None
+
+
+def mark_user_code(code: Any) -> None:
+    """Treat frames running `code` as user code: their instructions are call sites."""
+    _internal_code[code] = False
 
 
 def name_of(func: Any) -> str:

@@ -17,6 +17,8 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from torchlog.capture.call_sites import call_site, mark_user_code
+
 if TYPE_CHECKING:  # the recorder imports this module
     from torchlog.capture.recorder import Recorder
 
@@ -44,6 +46,11 @@ def expandable_body(func: Any) -> Callable | None:
             and any(name in code.co_names for name in _GUARDS)):
         namespace = dict(func.__globals__)  # a snapshot: F's own module stays as it is
         namespace.update(dict.fromkeys(_GUARDS, _no_torch_function))
+        # A code object of its own (an unused constant makes it unequal to the original), so
+        # the body's instructions are call sites that tell its ops apart, while the original
+        # stays torch-internal and a call of it is sited at the user's line.
+        code = code.replace(co_consts=code.co_consts + ("torchlog: guard-free copy",))
+        mark_user_code(code)
         body = types.FunctionType(code, namespace, func.__name__, func.__defaults__, func.__closure__)
         body.__kwdefaults__ = func.__kwdefaults__
     _bodies[func] = body
@@ -55,6 +62,7 @@ def run_expanded(recorder: Recorder, func: Callable, name: str, body: Callable,
     """Run `body` (func's guard-free copy) with the mode on, as one scope of `recorder`."""
     parents, params = recorder._find_parents(args, kwargs)  # what a one-op record would list
     rng = recorder._rng_state() if recorder.options.save_function_args else None
+    site = (call_site(), recorder.module_sites)
     first_node, first_call = len(recorder.nodes), recorder._call_count
     recorder.expanding.add(func)
     try:
@@ -68,7 +76,7 @@ def run_expanded(recorder: Recorder, func: Callable, name: str, body: Callable,
     recorder.collapse(func)  # one op: from now on the function runs as that one op
     if recorder._call_count == first_call:  # nothing recorded (the body returned an input)
         return recorder.record_call(func, name, args, kwargs, out, parents, params, rng)
-    recorder.rename_call(first_node, name, (func, args, kwargs), parents, params, rng)
+    recorder.rename_call(first_node, name, (func, args, kwargs), parents, params, rng, site)
     return out
 
 

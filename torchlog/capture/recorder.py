@@ -262,9 +262,9 @@ class Recorder:
         return out
 
     def rename_call(self, first_node: int, name: str, func_args: tuple, parents: list,
-                    params: list, rng: torch.Tensor | None) -> None:
+                    params: list, rng: torch.Tensor | None, site: tuple) -> None:
         """Give the one call recorded since `first_node` (a functional's only op) the
-        functional's name, arguments and parents, as if the functional had run as one op."""
+        functional's name, arguments, parents and call site, as if it had run as one op."""
         call_id, params_t = self._call_count, tuple(params)
         new = {index for index, _ in parents}
         for node in self.nodes[first_node:]:
@@ -274,7 +274,7 @@ class Recorder:
                 self.nodes[old].children.remove(node.index)
             for index in sorted(new - {index for index, _ in node.parents}):
                 self.nodes[index].children.append(node.index)
-            node.func_name, node.parents, node.params = name, parents, params_t
+            node.func_name, node.parents, node.params, node.site = name, parents, params_t, site
             if node.func_args is not None:
                 node.func_args, node.rng_state = (func_args[0], _copy_containers(func_args[1]),
                                                   _copy_containers(func_args[2])), rng
