@@ -8,6 +8,7 @@ from time import perf_counter
 from typing import Any
 
 import h5py
+from h5py import h5s
 import numpy as np
 import torch
 
@@ -52,6 +53,9 @@ class Appender:
         self._sizes = file[BATCH_SIZES]
         self._done = [int(n) for n in self._sizes[()]]  # sizes of the finished batches
         self._num_samples = sum(self._done)
+        self._order: list[str] | None = None  # the layers, once the first batch made them
+        self._datasets: dict[str, h5py.Dataset] = {}
+        self._dtypes: dict[str, np.dtype] = {}
         self.write_seconds = 0.0
         self.write_bytes = 0
         for dataset in self._layers.values():  # drop a batch cut off by the interruption
@@ -75,17 +79,15 @@ class Appender:
         index = len(self._done) if index is None else index
         arrays = {label: self._array(label, value, num_samples) for label, value in values.items()}
         started = perf_counter()
-        if ORDER not in self._layers.attrs:  # the first batch ever
-            self._create(arrays, values)
-        order = json.loads(self._layers.attrs[ORDER])
-        if sorted(order) != sorted(values):
+        order = self._layer_order(arrays, values)
+        if len(order) != len(values) or any(label not in values for label in order):
             raise LogFileError(
                 f"batch {index} saved layers {sorted(values)} but earlier batches saved "
                 f"{sorted(order)} (in {self._path!r}); extract needs a model whose selected layers "
                 "run for every batch")
         end = self._num_samples + num_samples
         for label in order:
-            self._write(label, arrays[label], end, index)
+            self._write(self._datasets[label], label, arrays[label], end, index)
         self._sizes.resize((len(self._done) + 1,))
         self._sizes[-1] = num_samples
         self._done.append(num_samples)
@@ -94,21 +96,38 @@ class Appender:
         self.write_seconds += perf_counter() - started
         self.write_bytes += sum(a.nbytes for a in arrays.values())
 
-    def _write(self, label: str, array: np.ndarray, end: int, index: int) -> None:
-        dataset = self._layers[label]
-        if array.shape[1:] != dataset.shape[1:]:
+    def _layer_order(self, arrays: dict[str, np.ndarray], values: dict[str, torch.Tensor]) -> list[str]:
+        """The file's layers in execution order, made from the first batch ever."""
+        if self._order is None:
+            if ORDER not in self._layers.attrs:
+                self._create(arrays, values)
+            self._order = json.loads(self._layers.attrs[ORDER])
+            self._datasets = {label: self._layers[label] for label in self._order}
+            self._dtypes = {label: dataset.dtype for label, dataset in self._datasets.items()}
+        return self._order
+
+    def _write(self, dataset: h5py.Dataset, label: str, array: np.ndarray, end: int, index: int) -> None:
+        shape = dataset.shape
+        if array.dtype != self._dtypes[label]:
+            raise LogFileError(
+                f"layer {label!r} gave {array.dtype} values in batch {index}, but "
+                f"{self._dtypes[label]} before (in {self._path!r}); extract needs one dtype per layer")
+        if array.shape[1:] != shape[1:]:
             raise LogFileError(
                 f"layer {label!r} gave per-sample shape {array.shape[1:]} in batch {index}, but "
-                f"{dataset.shape[1:]} before (in {self._path!r}); extract needs fixed shapes: "
+                f"{shape[1:]} before (in {self._path!r}); extract needs fixed shapes: "
                 "pad or crop the inputs")
         if dataset.maxshape[0] is None:
             dataset.resize(end, axis=0)
-        elif end > dataset.shape[0]:
+        elif end > shape[0]:
             raise LogFileError(
                 f"batch {index} ends at sample {end}, but {self._path!r} was laid out for "
-                f"{dataset.shape[0]} samples; the inputs changed since the run that made it "
+                f"{shape[0]} samples; the inputs changed since the run that made it "
                 "(pass overwrite=True to start over)")
-        dataset[self._num_samples:end] = array
+        # The low-level write skips h5py's checks of the value (it is an exact array already).
+        space = dataset.id.get_space()
+        space.select_hyperslab((self._num_samples, *(0,) * (array.ndim - 1)), array.shape)
+        dataset.id.write(h5s.create_simple(array.shape), space, array)
 
     def _array(self, label: str, value: Any, num_samples: int) -> np.ndarray:
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != num_samples:

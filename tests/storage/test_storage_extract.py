@@ -198,3 +198,9 @@ def test_contiguous_storage_needs_a_known_size_and_no_compression(tmp_path: Path
     with pytest.raises(InvalidOptionError, match="chunks must be .* got 0"):
         torchlog.extract(Net(), torch.randn(4, 3), LAYERS, tmp_path / "a.h5", batch_size=2, chunks=0)
     assert not (tmp_path / "a.h5").exists()
+
+
+def test_a_layer_whose_dtype_changes_is_refused(tmp_path: Path) -> None:
+    batches = [torch.randn(2, 3), torch.randn(2, 3).double()]
+    with pytest.raises(LogFileError, match="layer 'relu_1_1' gave float64 values in batch 1, but float32"):
+        torchlog.extract(nn.ReLU(), batches, ["relu"], tmp_path / "a.h5")
