@@ -180,7 +180,7 @@ def write_rates(case: ExtractCase, folder: Path, repeats: int) -> list[tuple[str
     return [(name, statistics.median(rates[name]), sizes[name]) for name, _ in _LAYOUTS]
 
 
-_LAYOUTS =  [("chunks of batches", {}), ("contiguous", {"chunks": False}),
+_LAYOUTS = [("contiguous (default)", {}), ("chunks of batches", {"chunks": True}),
             ("gzip (level 4)", {"compression": "gzip"}), ("lzf", {"compression": "lzf"})]
 
 

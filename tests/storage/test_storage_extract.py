@@ -204,3 +204,14 @@ def test_a_layer_whose_dtype_changes_is_refused(tmp_path: Path) -> None:
     batches = [torch.randn(2, 3), torch.randn(2, 3).double()]
     with pytest.raises(LogFileError, match="layer 'relu_1_1' gave float64 values in batch 1, but float32"):
         torchlog.extract(nn.ReLU(), batches, ["relu"], tmp_path / "a.h5")
+
+
+def test_a_rerun_with_another_batch_size_or_dataset_length_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "acts.h5"
+    torchlog.extract(Net(), torch.randn(12, 3), LAYERS, path, batch_size=4)
+    before = path.read_bytes()
+    with pytest.raises(LogFileExistsError, match="it holds an extract with batch_size '4', not '5'"):
+        torchlog.extract(Net(), torch.randn(12, 3), LAYERS, path, batch_size=5)
+    with pytest.raises(LogFileExistsError, match="the number of samples '12', not '16'"):
+        torchlog.extract(Net(), torch.randn(16, 3), LAYERS, path, batch_size=4)
+    assert path.read_bytes() == before
