@@ -14,7 +14,7 @@ from tests.models import ReusedModule
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("TORCHLOG_UPDATE_GOLDEN") == "1"
-_TIME = re.compile(r"\d+(\.\d+)? (µs|ms|s)$", re.M)
+_TIME = re.compile(r"\d+(\.\d+)? (µs|ms|s)(?= ·|$)", re.M)
 
 
 def _check_golden(text: str, name: str) -> None:

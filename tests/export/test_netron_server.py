@@ -47,6 +47,21 @@ def _open(driver, server) -> int:
     return wait_for(driver, NODES, 120)
 
 
+def _item_text(driver, node_id: str, last: bool) -> object:
+    """The text of a node's first or last header item: what a click lands on (the box around
+    it lies under the text)."""
+    return driver.execute_script(
+        f"const items = document.getElementById({node_id!r}).querySelectorAll('.node-item-type');"
+        f"return items[{'items.length - 1' if last else 0}].querySelector('text')")
+
+
+def _open_function(driver, node_id: str) -> None:
+    """Click the `ƒ` of a module-call node, as a person opens the module's subgraph."""
+    opener = _item_text(driver, node_id, last=True)
+    assert opener.get_attribute("textContent") == "ƒ"
+    opener.click()
+
+
 def _served(history, tmp_path, name="run.onnx"):
     return serve_netron(history.to_onnx(str(tmp_path / name)))
 
@@ -68,11 +83,7 @@ def test_a_module_call_opens_like_a_subgraph(browser, tmp_path):
     server = _served(nested(), tmp_path)
     try:
         _open(browser, server)
-        opener = browser.execute_script(
-            "const items = document.getElementById('node-name-block1:1')"
-            ".querySelectorAll('.node-item-type'); return items[items.length - 1]")
-        assert opener.get_attribute("textContent").startswith("ƒ")
-        opener.click()
+        _open_function(browser, "node-name-block1:1")
         wait_for(browser, "return document.getElementById('node-name-add_1_3') !== null", 60)
         assert browser.execute_script(IDS) == [
             "node-name-block1.inner:1", "node-name-add_1_3", "node-name-block1.norm:1"]
@@ -93,8 +104,7 @@ def test_the_metrics_attachment_shows_in_the_sidebar(browser, tmp_path):
             "  return window.__view__._host._open(file, [file]); })"
             ".then(() => done('ok'), e => done('error: ' + e));")
         assert status == "ok"
-        browser.execute_script("return document.getElementById('node-name-head:1')"
-                               ".querySelector('.node-item-type')").click()
+        _item_text(browser, "node-name-head:1", last=False).click()
         rows = wait_for(browser, SIDEBAR_METRICS, 60)
         time_us = sum(p.elapsed_s for p in history if "head:1" in p.containing_modules) * 1e6
         assert [name for name, _ in rows] == ["time (µs)", "ops"]
@@ -121,10 +131,7 @@ def test_gpt2_draws_and_its_blocks_open(browser, tmp_path):
     server = _served(history, tmp_path)
     try:
         assert _open(browser, server) == len(call_tree(history).items) == 4
-        browser.execute_script(
-            "const items = document.getElementById('node-name-transformer:1')"
-            ".querySelectorAll('.node-item-type'); items[items.length - 1]"
-            ".dispatchEvent(new MouseEvent('click', {bubbles: true}))")
+        _open_function(browser, "node-name-transformer:1")
         inside = wait_for(browser, "const ids = Array.from(document.querySelectorAll("
                           "'#canvas g.node.graph-node')).map(g => g.id);"
                           "return ids.includes('node-name-transformer.h.1:1') && ids", 60)
