@@ -104,15 +104,15 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
     if overwrite and job.group.rank == 0:
         remove_other_runs(job.target, job.group.world_size)
     done, stream, first = state
-    with open_extract(job.path, job.config, resume=bool(done)) as file:
-        store = Appender(file, job.path, options, job.batches.num_samples_in(job.share), chunks)
-        with _ProgressBar(job, progress) as bar:
+    with _ProgressBar(job, progress) as bar:
+        with open_extract(job.path, job.config, resume=bool(done)) as file:
+            store = Appender(file, job.path, options, job.batches.num_samples_in(job.share), chunks)
             job.count(bar, len(done), store)
             for index, batch, saved in _chain(first, stream, job):
                 job.write(store, index, batch, saved)
                 job.count(bar, 1, store)
-        file.attrs["status"] = COMPLETE
-    job.group.finish(job.join)
+            file.attrs["status"] = COMPLETE
+        job.group.finish(lambda: job.join(bar, store))  # rank 0 shows the final global count
     return ActivationFile(job.target)
 
 
@@ -196,7 +196,9 @@ class _Job:
                 bar.set_postfix_str(f"write {store.write_bytes / store.write_seconds / 2**20:.0f} MB/s",
                                     refresh=False)
 
-    def join(self) -> None:
+    def join(self, bar: Any, store: Appender) -> None:
+        """Rank 0, once every shard is finished: the final count, then the joined file."""
+        self.count(bar, 0, store)
         if self.group.world_size > 1:
             join_shards(self.target, self.group.world_size, self.target_config)
 

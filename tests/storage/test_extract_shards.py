@@ -153,3 +153,11 @@ def test_samples_of_another_shape_are_named(tmp_path: Path) -> None:
     samples = [torch.randn(3, 4) for _ in range(5)] + [torch.randn(3, 5)]
     with pytest.raises(InvalidOptionError, match=r"sample 5 has shape \(3, 5\), but sample 0 has \(3, 4\)"):
         torchlog.extract(torch.nn.ReLU(), samples, ["relu"], tmp_path / "a.h5", batch_size=2)
+
+
+def test_rank_0_alone_shows_the_global_count(tmp_path: Path, monkeypatch, capsys) -> None:
+    _ranks(monkeypatch, 2, _extract(tmp_path / "acts.h5", progress=True))
+    shown = capsys.readouterr().err
+    total = factories.NUM_SAMPLES // factories.BATCH_SIZE
+    assert f"{total}/{total}" in shown and shown.count("extract:") >= 1
+    assert f"/{total // 2} " not in shown  # no bar of one rank's own share
