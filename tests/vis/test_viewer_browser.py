@@ -273,3 +273,32 @@ def test_a_graph_too_large_to_lay_out_asks_first_and_the_rolled_view_draws_it(dr
     assert sorted(_labels(driver)) == sorted(l.label for l in history.layers)
     assert "linear_1_1 (x900)" in driver.execute_script(
         "return document.querySelector('#torchlog-graph svg').textContent")
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 4)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(self.attn(x, x, x)[0])
+
+
+def test_a_python_functional_is_a_box_like_a_module_call(driver, tmp_path):
+    torch.manual_seed(0)
+    history = torchlog.log_forward_pass(_Attention(), torch.randn(3, 2, 16), random_seed=0)
+    scope = "attn.multi_head_attention_forward:1"
+    inside = [r.label for r in history if scope in r.extra.get("functionals", ())]
+    softmax = next(r for r in history if r.func_name == "softmax")
+    assert softmax.label in inside
+    _open(driver, history, tmp_path, depth=2)  # attn:1 open, the functional inside it collapsed
+    assert _modules(driver) == {"attn:1": "true", scope: "false", "fc:1": "true"}
+    text = driver.execute_script(f"return document.querySelector('[data-module=\"{scope}\"]').textContent")
+    assert f"{scope} (functional)" in text and "in: (3, 2, 16)" in text
+    _click(driver, f'#torchlog-graph g.node[data-module="{scope}"]')
+    assert set(inside) <= set(_labels(driver))
+    driver.find_element("css selector", f'[data-label="{softmax.label}"]').click()
+    rows = _panel_rows(driver)
+    assert rows["in modules"] == f"{scope} ‹ attn:1"
+    assert float(rows["max"]) == pytest.approx(softmax.tensor_contents.max().item(), rel=1e-4)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchlog.capture.functionals import FUNCTIONAL_KEY
 from torchlog.labels import split_pass
 from torchlog.records import LayerRecord, ModuleRecord, PassRecord
 from torchlog.vis.edges import args_between, shows_arg
@@ -103,7 +104,7 @@ def _pass_entry(record: PassRecord, stats_cache: dict[int, Any] | None) -> dict[
         "shape": list(record.shape),
         "dtype": str(record.dtype).removeprefix("torch."),
         "bytes": record.num_bytes,
-        "modules": list(record.containing_modules),
+        "modules": list(_scopes(record)),
         "site": _site(record.call_site),
         "timeUs": round(record.elapsed_s * 1e6, 1),
         "parents": [[e.label, arg_text(e.arg)] for e in record.parents],
@@ -166,7 +167,7 @@ def _module_calls(history: "ModelHistory") -> dict[str, dict[str, Any]]:
     members: dict[str, set[str]] = {}
     calls: dict[str, dict[str, Any]] = {}
     for record in history:
-        chain = tuple(reversed(record.containing_modules))
+        chain = tuple(reversed(_scopes(record)))
         for depth, call in enumerate(chain, start=1):
             members.setdefault(call, set()).add(record.label)
             if call not in calls:
@@ -177,10 +178,26 @@ def _module_calls(history: "ModelHistory") -> dict[str, dict[str, Any]]:
         module = modules.get(entry["address"])
         inside = members[call]
         entry["inputs"] = _outside_parents(inside, by_label)
-        entry["outputs"] = _shapes_of(_returned(module, entry["call"]), by_label)
-        entry["lines"] = _box_lines(module_title(call, modules, False), module,
-                                    entry["inputs"], entry["outputs"])
+        returned = _returned(module, entry["call"]) if module else _leaving(inside, by_label)
+        entry["outputs"] = _shapes_of(returned, by_label)
+        title = module_title(call, modules, False) if module else f"{call} (functional)"
+        entry["lines"] = _box_lines(title, module, entry["inputs"], entry["outputs"])
     return calls
+
+
+def _scopes(record: PassRecord) -> tuple[str, ...]:
+    """The module calls and Python-functional calls an op ran in, innermost first.
+
+    A functional such as `F.multi_head_attention_forward` is not a module, but its ops are
+    drawn in a box of their own like a module call's ('attn.multi_head_attention_forward:1').
+    """
+    return tuple(record.extra.get(FUNCTIONAL_KEY, ())) + record.containing_modules
+
+
+def _leaving(inside: set[str], by_label: dict[str, PassRecord]) -> tuple[str, ...]:
+    """The ops of a functional call whose values are used outside it: what it returned."""
+    return tuple(label for label in sorted(inside, key=lambda l: by_label[l].op_index)
+                 if any(child not in inside for child in by_label[label].children))
 
 
 def _returned(module: ModuleRecord | None, call: int | None) -> tuple[str, ...]:
@@ -207,16 +224,23 @@ def _modules(history: "ModelHistory", calls: dict[str, dict[str, Any]]) -> dict[
     """One entry per module address, its calls taken together: the rolled view's module
     nodes and boxes, and the panel of a collapsed module."""
     modules = history.modules
+    by_address: dict[str, list[dict[str, Any]]] = {}
+    for entry in calls.values():
+        by_address.setdefault(entry["address"], []).append(entry)
     entries: dict[str, dict[str, Any]] = {}
-    for address, module in modules.items():
-        own = [entry for entry in calls.values() if entry["address"] == address]
+    for address in [*modules, *(a for a in by_address if a not in modules)]:
+        module, own = modules.get(address), by_address.get(address, [])
         inputs = [shape for entry in own for shape in entry["inputs"]]
         outputs = [shape for entry in own for shape in entry["outputs"]]
-        entries[address] = {"type": module.type_name, "params": module.num_params,
-                            "calls": module.num_passes, "children": list(module.children),
-                            "inputs": _distinct(inputs), "outputs": _distinct(outputs),
-                            "lines": _box_lines(module_title(address, modules, True), module,
-                                                inputs, outputs)}
+        if module is not None:
+            facts = {"type": module.type_name, "params": module.num_params,
+                     "calls": module.num_passes, "children": list(module.children)}
+            title = module_title(address, modules, True)
+        else:  # a Python functional's calls
+            facts = {"type": "functional", "params": 0, "calls": len(own), "children": []}
+            title = f"{address} (functional)" + (f" x{len(own)}" if len(own) > 1 else "")
+        entries[address] = {**facts, "inputs": _distinct(inputs), "outputs": _distinct(outputs),
+                            "lines": _box_lines(title, module, inputs, outputs)}
     return entries
 
 
