@@ -4,9 +4,9 @@ The rule, applied in one deterministic sweep after the forward pass:
 
 1. Every op has a program point: its function, which output of a multi-output op it is
    and either the parameters it applies or, for ops without parameters, its module path
-   (addresses without call numbers), the instruction of user code that called it, where
-   each enclosing module was called from and, inside a Python functional's body, its
-   position in that call. A layer never mixes program points.
+   (addresses without call numbers), the instruction that called it (user code, or the
+   body of an expanded Python functional) and where each enclosing module was called
+   from. A layer never mixes program points.
 2. Shared parameters: ops applying the same parameters with the same function are
    passes of one layer, wherever they run: from any module, line or loop.
 3. Chains: executions of a parameter-free program point that follow each other in a
@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from torchlog.capture.functionals import FUNCTIONAL_KEY
 from torchlog.lockstep import NOT_AN_OP, LockstepUnion
 
 if TYPE_CHECKING:
@@ -63,7 +62,6 @@ def _program_points(nodes: Sequence[RawNode]) -> tuple[list[int], list[tuple[lis
     points: list[int] = []
     groups: list[tuple[list[int], bool]] = []
     addresses: dict[int, tuple[str, ...]] = {}  # consecutive ops share one module path tuple
-    functional_ops: dict[str, int] = {}  # functional call ('attn.f:2') -> its ops seen so far
     for index, node in enumerate(nodes):
         if node.kind != "op":
             points.append(NOT_AN_OP)  # inputs, outputs, buffers and foreign tensors never fold
@@ -72,7 +70,7 @@ def _program_points(nodes: Sequence[RawNode]) -> tuple[list[int], list[tuple[lis
             key = (node.func_name, tuple(p.address for p in node.params), node.output_index)
         else:
             key = (node.func_name, _addresses(node.module_path, addresses), node.output_index,
-                   node.site, _place_in_functional(node, functional_ops))
+                   node.site)
         point = ids.get(key)
         if point is None:
             point = ids[key] = len(groups)
@@ -88,17 +86,6 @@ def _addresses(path: tuple, known: dict[int, tuple[str, ...]]) -> tuple[str, ...
     if addresses is None:  # the path tuples live as long as the nodes: ids stay unique
         addresses = known[id(path)] = tuple(address for address, _ in path)
     return addresses
-
-
-def _place_in_functional(node: RawNode, seen: dict[str, int]) -> tuple | None:
-    """For an op run by a Python functional's body (whose lines are not user code, so all its
-    ops share the user's call site): the functionals and the op's position in the call."""
-    scopes = node.extra.get(FUNCTIONAL_KEY) if node.extra else None
-    if not scopes:
-        return None
-    outermost = scopes[-1]  # innermost first, as 'attn.multi_head_attention_forward:1'
-    position = seen[outermost] = seen.get(outermost, 0) + 1
-    return tuple(scope.rpartition(":")[0] for scope in scopes), position
 
 
 def _chained_runs(nodes: Sequence[RawNode], members: list[int]) -> list[list[int]]:
