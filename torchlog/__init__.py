@@ -19,6 +19,8 @@ from torchlog.errors import (
     CompiledModelWarning,
     IncompleteLogWarning,
     LogFilePermissionError,
+    OpSequenceChangedWarning,
+    DistributedExtractError,
 )
 from torchlog.history import ModelHistory
 from torchlog.invariants import lint
@@ -73,4 +75,5 @@ __all__ = [
     "InvalidArgumentTypeError", "ModelInputError", "NondeterministicModelError", "NestedLoggingError",
     "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
     "LogFilePermissionError", "IncompleteLogWarning", "lint", "LintError",
+    "OpSequenceChangedWarning", "DistributedExtractError",
 ]
