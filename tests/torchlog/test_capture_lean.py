@@ -4,13 +4,31 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from tests.models import TINY_MODELS, MetadataCalls, ModuleOutputs, MutatedThroughView
 from torchlog.capture import CaptureOptions, run_captured
 from torchlog.capture.lean import call_names, run_lean
 from torchlog.model_state import model_kept
 
+class Functionals(nn.Module):
+    """Python functionals: multi-op bodies (normalize, attention), one-op bodies called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x):
+        x = F.normalize(x, dim=-1)
+        x = F.relu(self.attn(x, x, x)[0]) + F.relu(x)
+        return self.norm(F.normalize(x, dim=1))
+
+
 CASES = {**TINY_MODELS,
+         "functionals": (Functionals, lambda: torch.randn(2, 3, 4)),
+         "encoder_layer": (lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval(),
+                           lambda: torch.randn(2, 3, 8)),
          "module_outputs": (ModuleOutputs, lambda: torch.randn(2, 3)),
          "metadata_calls": (MetadataCalls, lambda: torch.randn(2, 3)),
          "mutated_through_view": (MutatedThroughView, lambda: torch.randn(2, 4))}

@@ -31,33 +31,47 @@ class LeanPass:
 
 
 class _LeanMode(TorchFunctionMode):
-    """Counts tensor-producing calls like the Recorder's call_id; copies the wanted outputs."""
+    """Counts tensor-producing calls like the Recorder's call_id; copies the wanted outputs.
+
+    A Python functional runs as the recorder runs it (capture/functionals.py): its
+    guard-free body with the mode pushed again, so that each op of the body counts; a body
+    of one op (or none) counts as one call of the functional, which then runs unexpanded.
+    """
 
     def __init__(self, wanted: Mapping[int, tuple[int, ...]]) -> None:
         super().__init__()
         self.wanted = wanted
         self.calls: list[Any] = []
         self.saved: dict[tuple[int, int], torch.Tensor] = {}
-        self.funcs: dict[Any, bool] = {}  # function -> is not an op
+        self.funcs: dict[Any, tuple[bool, Any]] = {}  # function -> (is not an op, body or None)
+        self.expanding: set[Any] = set()  # functionals whose body runs now
         self.count = 0  # calls counted so far
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        not_op = self.funcs.get(func)
-        if not_op is None:
-            not_op = self.funcs[func] = _describe(func)[1]
-        out = func(*args, **(kwargs or {}))
-        if not_op:
-            return out
+        entry = self.funcs.get(func)
+        if entry is None:
+            described = _describe(func)
+            entry = self.funcs[func] = (described[1], described[3])
+        not_op, body = entry
+        kwargs = kwargs or {}
+        if not not_op and body is not None and func not in self.expanding:
+            return self._expand(func, body, args, kwargs)
+        out = func(*args, **kwargs)
+        if not not_op:
+            self._count(func, args, out)
+        return out
+
+    def _count(self, func: Any, args: tuple, out: Any) -> None:
         if isinstance(out, _Tensor):
             outs: Any = (out,)
         elif out is None and func is _SETITEM:
             outs = (args[0],)
         elif out is None or isinstance(out, _PLAIN):
-            return out
+            return
         else:
             outs = [t for t, _ in find_tensors(out)]
             if not outs:
-                return out
+                return
         self.calls.append(func)
         if len(outs) != 1:
             self.calls.append(len(outs))
@@ -67,6 +81,22 @@ class _LeanMode(TorchFunctionMode):
             for index in wanted:
                 if index < len(outs):  # a call with fewer outputs now: the caller's check sees it
                     self.saved[(self.count, index)] = outs[index].detach().clone()
+
+    def _expand(self, func: Any, body: Any, args: tuple, kwargs: dict) -> Any:
+        first_call, first_entry = self.count, len(self.calls)
+        self.expanding.add(func)
+        try:
+            with self:  # the body's torch calls reach the mode again
+                out = body(*args, **kwargs)
+        finally:
+            self.expanding.discard(func)
+        if self.count - first_call >= 2:
+            return out
+        self.funcs[func] = (False, None)  # one op: the functional runs as that op from now on
+        if self.count == first_call:
+            self._count(func, args, out)
+        else:
+            self.calls[first_entry] = func  # the recorder names the op after the functional
         return out
 
 
