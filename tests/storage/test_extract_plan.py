@@ -49,6 +49,8 @@ def _check_batches(model: nn.Module, entries: list, batches: list, kind: str) ->
     (ModuleOutputs, (2, 3), ["exp", "relu_", 0, -1, "mul"], "lean"),
     (Nested, (2, 4), ["linear", "block1.inner"], "lean"),
     (ReusedModule, (2, 4), ["linear_1_1:2", "tanh"], "lean"),
+    (lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval(), (2, 3, 8),
+     ["scaleddotproductattention", "transpose_6", "layernorm"], "lean"),  # inside functionals
 ])
 def test_each_batch_saves_what_the_full_logged_path_saves(make_model, shape, entries, kind) -> None:
     torch.manual_seed(0)
