@@ -57,7 +57,8 @@ def prepare(model: Any, input_args: Any, input_kwargs: Any, options: LogOptions)
     _check_binds(model, args, input_kwargs)
     capture = CaptureOptions(detach=options.detach_saved_tensors, output_device=options.device,
                              postfunc=options.activation_postfunc,
-                             save_function_args=options.save_function_args, plugins=_plugins())
+                             save_function_args=options.save_function_args, plugins=_plugins(),
+                             profile=options.profile)
     seed = new_seed() if options.random_seed is None else options.random_seed
     return Request(model, args, input_kwargs, options, seed, options.entries, capture, named)
 

@@ -89,6 +89,8 @@ def _pass_record(node: RawNode, labels: list, module_texts: dict[int, tuple[str,
         rng_state=node.rng_state,
         extra=node.extra or {},
         call_site=_site_text(node.site),
+        saved_for_backward_bytes=node.saved_for_backward_bytes,
+        peak_bytes=node.peak_bytes,
     )
     return record
 

@@ -158,6 +158,10 @@ def format_pass(record: PassRecord) -> str:
     inside = record.containing_modules[0].rpartition(":")[0] if record.containing_modules else "(top level)"
     lines.append(f"{_INDENT}Computed inside module: {inside}")
     lines.append(f"{_INDENT}Time elapsed:  {record.elapsed_s:.3E}s")
+    if record.saved_for_backward_bytes is not None:  # logged with profile=True
+        peak = "" if record.peak_bytes is None else f"; CUDA peak {human_size(record.peak_bytes)}"
+        lines.append(f"{_INDENT}Memory: output {human_size(meta.num_bytes)}, saved for backward "
+                     f"{human_size(record.saved_for_backward_bytes)}{peak}")
     # A module called once is named without its call number when that name finds this pass.
     outputs = [m.rpartition(":")[0] if m.rpartition(":")[0] in keys else m
                for m in record.output_of_modules]
@@ -198,6 +202,8 @@ def to_dataframe(history: "ModelHistory"):
             "module": record.module, "containing_modules": list(record.containing_modules),
             "output_of_modules": list(record.output_of_modules), "num_params": record.num_params,
             "grad_fn": record.grad_fn_name, "elapsed_s": record.elapsed_s,
+            "saved_for_backward_bytes": record.saved_for_backward_bytes,
+            "peak_bytes": record.peak_bytes,
             "is_input": record.is_input, "is_output": record.is_output, "is_buffer": record.is_buffer,
             "is_inplace": record.is_inplace, "has_saved_tensor": record.has_saved_tensor,
         })

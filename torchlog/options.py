@@ -16,7 +16,7 @@ __all__ = ["LogOptions", "ON_ERROR", "merge_options", "device_of"]
 
 ON_ERROR = ("raise", "return")
 _BOOL_FIELDS = ("keep_unsaved_layers", "detach_saved_tensors", "save_function_args",
-                "save_gradients", "overwrite")
+                "save_gradients", "overwrite", "profile")
 _SEED_RANGE = "None or an int in [0, 2**63)"
 _DEVICES = "'same' or an available torch device such as 'cpu' or 'cuda:0'"
 
@@ -70,6 +70,7 @@ class LogOptions:
     save_gradients: bool = False  # hook tensors so that a later backward fills grad_contents
     save_to: str | os.PathLike | None = None  # HDF5 file to stream saved activations into
     overwrite: bool = False  # with save_to, replace an existing file instead of refusing
+    profile: bool = False  # also count each op's bytes saved for backward and CUDA peak
 
     def __post_init__(self) -> None:
         for name in _BOOL_FIELDS:

@@ -103,6 +103,11 @@ class PassRecord(_WeaklyReferable):
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. Triton grid and constexprs
     call_site: str | None = None  # 'file.py:42 in forward': the user code that ran the op
     grad_saved: Any = None  # gradient of the loss w.r.t. this output: a tensor, a LazyTensor, or None
+    # With profile=True (else None), per call, on its first output: bytes autograd saved for
+    # backward while the op ran (parameters and buffers left out), and on CUDA the allocator's
+    # peak during the op over what was allocated when it started.
+    saved_for_backward_bytes: int | None = None
+    peak_bytes: int | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:

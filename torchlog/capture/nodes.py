@@ -25,6 +25,7 @@ class RawNode:
         "index", "kind", "func_name", "parents", "children", "params", "module_path",
         "output_index", "call_id", "meta", "saved", "grad_fn_name", "elapsed_ns",
         "is_inplace", "output_of", "address", "func_args", "rng_state", "extra", "site",
+        "saved_for_backward_bytes", "peak_bytes",
     )
 
     def __init__(self, index: int, kind: str, func_name: str, parents: list, params: tuple,
@@ -50,3 +51,6 @@ class RawNode:
         self.extra: dict | None = None
         # (call site of the op, call sites of its enclosing modules); each (code, offset, line)
         self.site: tuple | None = None
+        # With profile=True, on a call's first output (see capture/profile.py); else None.
+        self.saved_for_backward_bytes: int | None = None
+        self.peak_bytes: int | None = None

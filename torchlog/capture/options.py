@@ -38,3 +38,5 @@ class CaptureOptions:
     plugins: tuple[Plugin, ...] = ()
     # Called with (node, tensor) for every new node, e.g. to register gradient hooks.
     on_node: Callable[[RawNode, torch.Tensor], None] | None = None
+    # Count each op's bytes saved for backward and CUDA peak (capture/profile.py).
+    profile: bool = False

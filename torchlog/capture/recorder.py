@@ -17,6 +17,7 @@ from torchlog.capture.functionals import expandable_body, run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
+from torchlog.capture.profile import OpProfiler
 from torchlog.records import ParamInfo, TensorMeta
 
 __all__ = ["Recorder"]
@@ -133,6 +134,7 @@ class Recorder:
         self._call_count = 0
         self._forget = self._make_forget()
         self._rng_before: torch.Tensor | None = None  # CPU RNG state before the current op
+        self.profiler = OpProfiler(self.named_modules) if options.profile else None
 
     def _make_forget(self) -> Callable[[_TensorRef], None]:
         producer = self.producer
@@ -223,13 +225,16 @@ class Recorder:
         parents, params = self._find_parents(args, kwargs)
         if self.options.save_function_args:
             self._rng_before = self._rng_state()
+        token = None if self.profiler is None else self.profiler.start()
         t0 = perf_counter_ns()
         try:
             out = func(*args, **kwargs)
         except BaseException:
+            if token is not None:
+                self.profiler.stop(token, t0)  # the model may catch it and go on
             self._note_failure(name, parents)
             raise
-        elapsed = perf_counter_ns() - t0
+        elapsed = perf_counter_ns() - t0 if token is None else self.profiler.stop(token, t0)
         if type(out) is _Tensor or isinstance(out, _Tensor):
             outs = ((out, ()),)
         elif out is None and func is _SETITEM:
@@ -241,7 +246,7 @@ class Recorder:
             if not outs:
                 return out
         self._record(func, name, writes_first_arg or "out" in kwargs, args, kwargs, outs, elapsed,
-                     parents, params)
+                     parents, params, None if token is None else self.profiler.last)
         return out
 
     def record_call(self, func: Callable, name: str, args: tuple, kwargs: dict, out: Any,
@@ -315,7 +320,8 @@ class Recorder:
                            parents, params)
 
     def _record(self, func: Callable, name: str, name_inplace: bool, args: tuple, kwargs: dict,
-                outs: Any, elapsed: int, parents: list, params: list) -> None:
+                outs: Any, elapsed: int, parents: list, params: list,
+                cost: tuple[int, int | None] | None = None) -> None:
         params_t = tuple(params)
         self._call_count += 1
         call_id = self._call_count
@@ -332,6 +338,9 @@ class Recorder:
             node.elapsed_ns = elapsed
             node.is_inplace = changed
             node.site = site
+            if cost is not None:  # per call: on its first output; its other outputs get 0
+                saved, peak = cost if output_index == 0 else (0, cost[1] and 0)
+                node.saved_for_backward_bytes, node.peak_bytes = saved, peak
             grad_fn = t.grad_fn
             if grad_fn is not None:
                 node.grad_fn_name = type(grad_fn).__name__

@@ -79,6 +79,8 @@ def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dic
         with contextlib.ExitStack() as plugins:
             for plugin in recorder.options.plugins:
                 plugins.enter_context(plugin(recorder))
+            if recorder.profiler is not None:  # its saved-tensor hooks, for this thread only
+                plugins.enter_context(recorder.profiler)
             with _CaptureMode(recorder):
                 output = model(*args, **kwargs)
         with torch._C.DisableTorchFunction():
