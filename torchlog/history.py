@@ -393,6 +393,14 @@ class ModelHistory(Sequence):
 
         return module_tree(self)
 
+    def cost_by_module(self) -> dict[str, Any]:
+        """Per module call ('block1:2'), its ops' summed time, output bytes and, when logged
+        with profile=True, bytes saved for backward and CUDA peak; see
+        `torchlog.export.cost_by_module`."""
+        from torchlog.export import cost_by_module
+
+        return cost_by_module(self)
+
     def summary(self) -> str:
         from torchlog.display import format_history
 

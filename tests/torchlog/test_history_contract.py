@@ -72,6 +72,7 @@ COVERED = {
     "to_html": "test_to_html_and_show",
     "show": "test_to_html_and_show",
     "module_tree": "test_exports",
+    "cost_by_module": "test_exports",
     "to_networkx": "test_exports",
     "to_onnx": "test_exports",
     "to_tensorboard": "test_exports",
@@ -275,6 +276,7 @@ def test_to_html_and_show(history: ModelHistory, tmp_path: Path) -> None:
 
 def test_exports(history: ModelHistory, tmp_path: Path) -> None:
     assert "fc" in history.module_tree()
+    assert list(history.cost_by_module()) == ["fc:1", "fc:2", "fc:3", "fc:4"]
     networkx = pytest.importorskip("networkx")
     graph = history.to_networkx(mode="rolled")
     assert isinstance(graph, networkx.MultiDiGraph) and "linear_1_1" in graph

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchlog.export.activations import activation_stats, numeric_values
-from torchlog.labels import split_pass
+from torchlog.export.costs import cost_by_module
 
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
@@ -34,9 +34,10 @@ def metrics_path(model_path: str | Path) -> Path:
 def node_metrics(history: "ModelHistory") -> list[dict[str, Any]]:
     """One entry per (node, metric): ops by label, module calls by call ('block1:1').
 
-    Ops get `time (µs)`, `output bytes` and, when saved, `mean`, `std`, `min`, `max` and
-    the counts of NaN and infinite values; module calls the total time and op count of
-    everything inside them. NaN statistics (no finite value) are left out, since JSON
+    Ops get `time (µs)`, `output bytes`, with profile=True `saved for backward bytes` (and
+    `CUDA peak bytes` on CUDA), and, when saved, `mean`, `std`, `min`, `max` and
+    the counts of NaN and infinite values; module calls the totals of everything inside
+    them (`torchlog.export.cost_by_module`). NaN statistics (no finite value) are left out, since JSON
     has no NaN.
 
     Example:
@@ -46,22 +47,25 @@ def node_metrics(history: "ModelHistory") -> list[dict[str, Any]]:
         [('output bytes', 8), ('mean', 1.5), ('std', 1.5)]
     """
     entries: list[dict[str, Any]] = []
-    calls: dict[str, list[float]] = {}
     for record in history:
         if not record.is_input:
             _add(entries, record.label, "time (µs)", round(record.elapsed_s * 1e6, 3))
             _add(entries, record.label, "output bytes", record.num_bytes)
+            for name, value in (("saved for backward bytes", record.saved_for_backward_bytes),
+                                ("CUDA peak bytes", record.peak_bytes)):
+                if value is not None:  # profile=True
+                    _add(entries, record.label, name, value)
         values = None if record.is_output else numeric_values(record)
         if values is not None:
             for name, value in activation_stats(values).items():
                 _add(entries, record.label, name, value)
-        for call in record.containing_modules:
-            total = calls.setdefault(call, [0.0, 0])
-            total[0] += record.elapsed_s
-            total[1] += 1
-    for call, (elapsed_s, num_ops) in calls.items():
-        _add(entries, call, "time (µs)", round(elapsed_s * 1e6, 3))
-        _add(entries, call, "ops", num_ops)
+    for call, cost in cost_by_module(history).items():
+        _add(entries, call, "time (µs)", round(cost.elapsed_s * 1e6, 3))
+        _add(entries, call, "ops", cost.num_ops)
+        for name, value in (("saved for backward bytes", cost.saved_for_backward_bytes),
+                            ("CUDA peak bytes", cost.peak_bytes)):
+            if value is not None:
+                _add(entries, call, name, value)
     return entries
 
 
@@ -72,7 +76,15 @@ def _add(entries: list[dict[str, Any]], target: str, name: str, value: float) ->
 
 
 def write_metrics(history: "ModelHistory", path: str | Path) -> Path:
-    """Write the attachment file Netron opens after a model; returns its path."""
+    """Write the attachment file Netron opens after a model; returns its path.
+
+    Example:
+        >>> import json, tempfile, torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.ones(2))
+        >>> path = write_metrics(h, f"{tempfile.mkdtemp()}/relu.metrics.json")
+        >>> json.loads(path.read_text())["signature"]
+        'netron:attachment'
+    """
     path = Path(path)
     document = {"signature": SIGNATURE, "metrics": node_metrics(history)}
     path.write_text(json.dumps(document, indent=1, ensure_ascii=False), encoding="utf-8")

@@ -40,6 +40,14 @@ def serve_netron(path: str | os.PathLike, port: int = 0) -> NetronServer:
         MissingDependencyError: the netron package is missing (`pip install torchlog[onnx]`).
         LogFileNotFoundError: `path` does not exist.
         InvalidArgumentTypeError: `port` is not an int.
+
+    Example:
+        >>> import tempfile, torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.ones(2))
+        >>> server = serve_netron(h.to_onnx(f"{tempfile.mkdtemp()}/relu.onnx"))
+        >>> server.url.startswith("http://127.0.0.1:")
+        True
+        >>> server.stop()
     """
     if isinstance(port, bool) or not isinstance(port, int):
         raise InvalidArgumentTypeError(f"port must be an int (0: any free port), got {port!r}")

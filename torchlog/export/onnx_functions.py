@@ -61,7 +61,8 @@ def call_tree(history: "ModelHistory") -> CallScope:
 def _find_boundaries(history: "ModelHistory", scopes: Any) -> None:
     """Inputs: values read inside but made outside; outputs: made inside, read outside."""
     by_label = {record.label: record for record in history}
-    readers = {label: [c for c in record.children if c in by_label] for label, record in by_label.items()}
+    readers = {label: [c for c in record.children if c in by_label]
+               for label, record in by_label.items()}
     failed = set(history.info.failed_parents)
     for scope in scopes:
         inside = scope.labels
@@ -73,7 +74,14 @@ def _find_boundaries(history: "ModelHistory", scopes: Any) -> None:
 
 
 def function_name(scope: CallScope, modules: dict[str, ModuleRecord]) -> tuple[str, str]:
-    """(name, overload) of a call's function: the module's class, and the call itself."""
+    """(name, overload) of a call's function: the module's class, and the call itself.
+
+    Example:
+        >>> from torchlog.records import ModuleRecord
+        >>> lin = ModuleRecord("fc", "Linear", 8, (), (("linear_1_1",),), (("linear_1_1",),))
+        >>> function_name(CallScope("fc:1"), {"fc": lin})
+        ('Linear', 'fc:1')
+    """
     address = scope.key.rpartition(":")[0]
     module = modules.get(address)
     return (module.type_name if module is not None else "Module"), scope.key

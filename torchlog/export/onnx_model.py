@@ -107,6 +107,13 @@ def build_model(history: "ModelHistory") -> Any:
 
     Raises:
         MissingDependencyError: onnx is not installed.
+
+    Example:
+        >>> import torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.ones(2))
+        >>> model = build_model(h)
+        >>> [(n.name, n.domain) for n in model.graph.node], model.graph.input[0].name
+        ([('relu_1_1', 'torchlog'), ('output_1_2', 'torchlog')], 'input_1_0')
     """
     onnx = _onnx()
     helper = onnx.helper
@@ -165,7 +172,8 @@ def _op_node(record: PassRecord, by_label: dict[str, PassRecord]) -> Any:
     inputs = [edge.label for edge in record.parents if edge.label in by_label]
     node = helper.make_node(record.func_name, inputs, [record.label], name=record.label,
                             domain=OP_DOMAIN)
-    props = {"layer": record.layer_label, "module_calls": " > ".join(reversed(record.containing_modules)),
+    props = {"layer": record.layer_label,
+             "module_calls": " > ".join(reversed(record.containing_modules)),
              "call_site": record.call_site or "", "grad_fn": record.grad_fn_name or "",
              "params": ", ".join(f"{p.address} {tuple(p.shape)}" for p in record.params),
              "pass": f"{record.pass_num} of {record.num_passes}" if record.num_passes > 1 else ""}

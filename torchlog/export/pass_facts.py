@@ -55,6 +55,8 @@ def pass_facts(record: PassRecord) -> dict[str, Any]:
         "output_of_modules": tuple(record.output_of_modules),
         "call_site": record.call_site,
         "elapsed_s": record.elapsed_s,
+        "saved_for_backward_bytes": record.saved_for_backward_bytes,  # None unless profile=True
+        "peak_bytes": record.peak_bytes,  # None unless profile=True on CUDA
         "params": tuple(p.address for p in record.params),
         "num_params": record.num_params,
         "grad_fn": record.grad_fn_name,
@@ -66,7 +68,8 @@ def pass_facts(record: PassRecord) -> dict[str, Any]:
 def layer_facts(passes: Sequence[PassRecord]) -> dict[str, Any]:
     """The facts of a layer from its passes: the first pass's, with totals over all of them.
 
-    `elapsed_s` and `num_bytes` are summed over the passes, `shapes` lists each pass's
+    `elapsed_s`, `num_bytes` and `saved_for_backward_bytes` are summed over the passes
+    (`peak_bytes` is the highest), `shapes` lists each pass's
     output shape, and the per-pass fields (`label`, `pass_num`, `op_index`) describe the
     layer instead (`label` is the layer label, `op_index` the first pass's).
 
@@ -85,8 +88,16 @@ def layer_facts(passes: Sequence[PassRecord]) -> dict[str, Any]:
         shapes=tuple(tuple(p.shape) for p in passes),
         num_bytes=sum(p.num_bytes for p in passes),
         elapsed_s=sum(p.elapsed_s for p in passes),
+        saved_for_backward_bytes=_total(p.saved_for_backward_bytes for p in passes),
+        peak_bytes=max((p.peak_bytes for p in passes if p.peak_bytes is not None), default=None),
         module_calls=tuple(dict.fromkeys(c for p in passes for c in reversed(p.containing_modules))),
         output_of_modules=tuple(dict.fromkeys(c for p in passes for c in p.output_of_modules)),
         has_saved_tensor=any(p.has_saved_tensor for p in passes),
     )
     return facts
+
+
+def _total(values: Any) -> int | None:
+    """Sum of the values that are not None; None when all are (not profiled)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None

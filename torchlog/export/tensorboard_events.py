@@ -77,6 +77,13 @@ def open_writer(logdir_or_writer: Any) -> tuple[Any, bool]:
         MissingDependencyError: a folder was given and the tensorboard package is missing.
         LogFilePermissionError: the folder cannot be created or written.
         InvalidArgumentTypeError: neither a path nor a writer.
+
+    Example:
+        >>> import tempfile
+        >>> writer, owned = open_writer(tempfile.mkdtemp())
+        >>> owned, open_writer(writer)[1]
+        (True, False)
+        >>> writer.close()
     """
     if isinstance(logdir_or_writer, (str, os.PathLike)):
         folder = Path(logdir_or_writer).expanduser()
@@ -142,6 +149,14 @@ def write_activations(history: "ModelHistory", writer: Any, step: int) -> int:
     """Histogram and mean/std scalars of every saved numeric activation; returns how many.
 
     Histograms cover the finite values only (NaN and inf have no bin).
+
+    Example:
+        >>> import tempfile, torch, torchlog
+        >>> from torch.utils.tensorboard import SummaryWriter
+        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.ones(2))
+        >>> with SummaryWriter(tempfile.mkdtemp()) as writer:
+        ...     write_activations(h, writer, step=0)
+        2
     """
     written = 0
     for record in history:

@@ -24,6 +24,7 @@ __all__ = ["node_name", "graph_def", "run_metadata", "STATS_DEVICE", "FAILURE_NO
 
 STATS_DEVICE = "/device:torchlog:0"  # TensorBoard counts stats of devices named 'device:X:N'
 ALLOCATOR = "torchlog"
+SAVED_ALLOCATOR = "torchlog saved for backward"
 FAILURE_NODE = "raised"  # the op that raised, in a partial history
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 # torch dtype -> name of TensorFlow's DataType enum value (as TensorBoard shows it).
@@ -65,6 +66,13 @@ def graph_def(history: "ModelHistory") -> Any:
 
     Raises:
         MissingDependencyError: the tensorboard package is missing.
+
+    Example:
+        >>> import torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.ones(2))
+        >>> graph = graph_def(h)
+        >>> [node.name for node in graph.node], list(graph.node[1].input)
+        (['input_1_0', 'relu_1_1', 'output_1_2'], ['input_1_0'])
     """
     graph_pb2 = _protos()
     from tensorboard.compat.proto import versions_pb2
@@ -111,10 +119,19 @@ def _shape(shape: tuple[int, ...]) -> Any:
 
 def run_metadata(history: "ModelHistory") -> Any:
     """Per-op statistics: time (µs, at least 1 for an op that took any time), output bytes
-    and shape. Ops ran one after another, so each starts where the previous one ended.
+    and shape; with profile=True also the bytes saved for backward (a second allocator,
+    so the tab's memory colour counts them) and the CUDA peak. Ops ran one after another,
+    so each starts where the previous one ended.
 
     Raises:
         MissingDependencyError: the tensorboard package is missing.
+
+    Example:
+        >>> import torch, torchlog
+        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.ones(2))
+        >>> stats = run_metadata(h).step_stats.dev_stats[0].node_stats
+        >>> stats[1].node_name, stats[1].memory[0].total_bytes
+        ('relu_1_1', 8)
     """
     _protos()
     from tensorboard.compat.proto import config_pb2, step_stats_pb2
@@ -128,7 +145,11 @@ def run_metadata(history: "ModelHistory") -> Any:
                                       all_end_rel_nanos=elapsed_ns, op_end_rel_nanos=elapsed_ns)
         if elapsed_ns > 0:  # TensorBoard ignores a zero time, as it should for inputs
             stats.all_end_rel_micros = stats.op_end_rel_micros = max(1, round(elapsed_ns / 1000))
-        stats.memory.add(allocator_name=ALLOCATOR, total_bytes=record.num_bytes)
+        stats.memory.add(allocator_name=ALLOCATOR, total_bytes=record.num_bytes,
+                         peak_bytes=record.peak_bytes or 0)
+        if record.saved_for_backward_bytes:  # profile=True: counted in the tab's memory too
+            stats.memory.add(allocator_name=SAVED_ALLOCATOR,
+                             total_bytes=record.saved_for_backward_bytes)
         output = stats.output.add(slot=0)
         output.tensor_description.shape.CopyFrom(_shape(record.shape))
         output.tensor_description.allocation_description.requested_bytes = record.num_bytes
