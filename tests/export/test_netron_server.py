@@ -2,6 +2,8 @@
 server on 127.0.0.1 and headless Chromium, counting the nodes Netron draws."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.export.histories import gpt2, nested, partial, recurrent
@@ -55,11 +57,28 @@ def _item_text(driver, node_id: str, last: bool) -> object:
         f"return items[{'items.length - 1' if last else 0}].querySelector('text')")
 
 
+def _click(driver, element) -> None:
+    """A real click on `element`, waiting while something else is drawn over it: Netron's
+    graph can still be moving, or covered by a toast, for a moment after it draws (a
+    WebDriver click lands on whatever is on top: 'element click intercepted')."""
+    from selenium.common.exceptions import ElementClickInterceptedException
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            element.click()
+            return
+        except ElementClickInterceptedException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _open_function(driver, node_id: str) -> None:
     """Click the `ƒ` of a module-call node, as a person opens the module's subgraph."""
     opener = _item_text(driver, node_id, last=True)
     assert opener.get_attribute("textContent") == "ƒ"
-    opener.click()
+    _click(driver, opener)
 
 
 def _served(history, tmp_path, name="run.onnx"):
@@ -104,7 +123,7 @@ def test_the_metrics_attachment_shows_in_the_sidebar(browser, tmp_path):
             "  return window.__view__._host._open(file, [file]); })"
             ".then(() => done('ok'), e => done('error: ' + e));")
         assert status == "ok"
-        _item_text(browser, "node-name-head:1", last=False).click()
+        _click(browser, _item_text(browser, "node-name-head:1", last=False))
         rows = wait_for(browser, SIDEBAR_METRICS, 60)
         time_us = sum(p.elapsed_s for p in history if "head:1" in p.containing_modules) * 1e6
         assert [name for name, _ in rows] == ["time (µs)", "ops"]
