@@ -53,6 +53,7 @@ class ExtractPlan:
         self._outputs: dict[str, tuple] = {}  # hooks: module address -> labels per call
         self._expected: list | None = None  # the op names the first lean pass must see
         self._reference: list | None = None  # the first batch's module or op sequence
+        self._kept_outputs: frozenset[int] = frozenset()  # positions of the selected outputs
 
     def save(self, batch: Any, seed: int, index: int) -> tuple[dict[str, torch.Tensor], ModelHistory | None]:
         """The selected layers' values for one batch by label, in execution order, and the
@@ -106,8 +107,11 @@ class ExtractPlan:
     def _resolve(self, batch: Any, seed: int) -> None:
         probe = log_forward_pass(self.model, batch, layers_to_save=None, random_seed=seed)
         passes = all_passes(probe)
-        chosen = [passes[i] for i in sorted(resolve(probe, self.entries))]
+        indexes = resolve(probe, self.entries)
+        chosen = [passes[i] for i in sorted(indexes)]
         self.labels = [p.label for p in chosen]
+        outputs = [p for p in passes if p.kind == NodeKind.OUTPUT]
+        self._kept_outputs = frozenset(k for k, p in enumerate(outputs) if p.op_index in indexes)
         if all(isinstance(e, str) and e in probe.modules for e in self.entries):
             self._outputs = {e: probe.modules[e].call_outputs for e in self.entries}
             self._runner = HookRunner(self.model, self._outputs, self.labels)
@@ -121,7 +125,11 @@ class ExtractPlan:
     def _full(self, batch: Any, seed: int) -> tuple[dict[str, torch.Tensor], ModelHistory]:
         history = log_forward_pass(self.model, batch, layers_to_save=self.entries, random_seed=seed)
         if self.kind != "hooks":
-            return {p.label: p.tensor_contents for p in history if p.saved is not None}, history
+            # log_forward_pass also keeps every output; an extract saves only the selection.
+            outputs = history.output_layers
+            dropped = {label for k, label in enumerate(outputs) if k not in self._kept_outputs}
+            return {p.label: p.tensor_contents for p in history
+                    if p.saved is not None and p.label not in dropped}, history
         # Ops outside the modules may have renumbered the labels of this batch: a module's
         # output keeps the label the first batch gave it (a call it did not make is missing).
         found: dict[str, torch.Tensor] = {}

@@ -108,7 +108,8 @@ def test_partial_history_exports_what_ran():
 def test_pruned_history_drops_edges_to_passes_left_out():
     history = nested(layers_to_save=["linear_1_1", "add_1_3"])
     graph = history.to_networkx()
-    assert list(graph.nodes) == ["linear_1_1", "add_1_3"] and graph.number_of_edges() == 0
+    # The output is always kept; its parent linear_3_9 was left out, so no edge remains.
+    assert list(graph.nodes) == ["linear_1_1", "add_1_3", "output_1_10"] and graph.number_of_edges() == 0
 
 
 def test_history_loaded_from_hdf5_gives_the_same_graph(tmp_path):

@@ -20,13 +20,17 @@ from tests.models import (
     WithBuffers,
 )
 from torchlog.errors import LogFileError, NondeterministicModelError, OpSequenceChangedWarning
+from torchlog.selection import resolve
 from torchlog.storage.extract_plan import ExtractPlan
 
 
 def _full(model: nn.Module, batch: torch.Tensor, entries: list, seed: int) -> dict:
+    """The selected passes' values on the full logged path (which also keeps every output)."""
     with torch.no_grad():
-        history = torchlog.log_forward_pass(model, batch, layers_to_save=entries, random_seed=seed)
-    return {p.label: p.tensor_contents for p in history}
+        history = torchlog.log_forward_pass(model, batch, layers_to_save=entries, random_seed=seed,
+                                            keep_unsaved_layers=True)
+    chosen = resolve(history, entries)
+    return {p.label: p.tensor_contents for p in history if p.op_index in chosen}
 
 
 def _check_batches(model: nn.Module, entries: list, batches: list, kind: str) -> None:

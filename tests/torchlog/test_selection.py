@@ -103,7 +103,7 @@ def test_only_the_chosen_passes_are_saved_and_kept() -> None:
     full = torchlog.log_forward_pass(model, x, random_seed=4)
     chosen = torchlog.log_forward_pass(model, x, random_seed=4, layers_to_save=["block1.inner", -2])
     check_history(chosen)
-    assert chosen.layer_labels == ["relu_1_2", "linear_3_9"]
+    assert chosen.layer_labels == ["relu_1_2", "linear_3_9", "output_1_10"]  # the output is always kept
     for record in chosen:
         assert torch.equal(record.tensor_contents, full[record.label].tensor_contents)
         assert chosen.lookup_keys(record.label)[2] == record.label
@@ -114,7 +114,7 @@ def test_keep_unsaved_layers_keeps_every_pass_without_its_tensor() -> None:
                                         keep_unsaved_layers=True)
     check_history(history, complete=True)
     assert len(history) == 14
-    assert [p.label for p in history if p.has_saved_tensor] == ["add_1_2:2"]
+    assert [p.label for p in history if p.has_saved_tensor] == ["add_1_2:2", "output_1_4"]
 
 
 def test_none_saves_nothing_in_one_pass() -> None:
@@ -164,3 +164,52 @@ def test_the_same_model_logs_with_a_single_pass() -> None:
     model = ChangesItsMind()
     assert torchlog.log_forward_pass(model, torch.ones(2)).layer_labels[1] == "relu_1_1"
     assert torchlog.log_forward_pass(model, torch.ones(2), layers_to_save=None).layer_labels[1] == "sigmoid_1_1"
+
+
+# ----- the model's outputs are always kept ----------------------------------------------------
+class TwoHeads(nn.Module):
+    """Returns a dict of two outputs made by different ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.left, self.right = nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return {"left": self.left(h), "right": torch.sigmoid(self.right(h))}
+
+
+def test_outputs_are_kept_and_saved_beside_the_chosen_layers() -> None:
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), torch.rand(2, 4)
+    history = torchlog.log_forward_pass(model, x, layers_to_save=["relu"])
+    check_history(history)
+    assert history.layer_labels == ["relu_1_2", "output_1_4"]
+    (output,) = history.output_layers
+    assert torch.equal(history[output].tensor_contents, model(x).detach())
+    assert torch.equal(history["relu_1_2"].tensor_contents, torch.relu(model[0](x)).detach())
+
+
+@pytest.mark.parametrize("entries", [["relu"], ["left"], [-1], ["sigmoid", "output"]])
+def test_every_output_is_kept_once_whatever_is_chosen(entries: list) -> None:
+    torch.manual_seed(0)
+    model, x = TwoHeads(), torch.rand(2, 4)
+    full = torchlog.log_forward_pass(model, x, random_seed=0)
+    chosen = torchlog.log_forward_pass(model, x, random_seed=0, layers_to_save=entries)
+    check_history(chosen)
+    assert chosen.output_layers == full.output_layers and len(full.output_layers) == 2
+    assert len(set(chosen.layer_labels)) == len(chosen.layer_labels)
+    wanted = resolve(full, entries) | {full[label].op_index for label in full.output_layers}
+    assert chosen.layer_labels == [p.label for p in full if p.op_index in wanted]
+    for record in chosen:
+        assert torch.equal(record.tensor_contents, full[record.label].tensor_contents)
+
+
+def test_a_model_that_raises_keeps_what_ran_and_has_no_outputs() -> None:
+    class Fails(nn.Module):
+        def forward(self, x):
+            y = torch.relu(x)
+            raise ValueError("stop")
+
+    history = torchlog.log_forward_pass(Fails(), torch.ones(2), layers_to_save=["relu"], on_error="return")
+    assert history.layer_labels == ["relu_1_1"] and history.output_layers == []
