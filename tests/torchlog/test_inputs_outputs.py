@@ -201,3 +201,61 @@ def test_a_module_called_twice_in_one_block_is_one_module_with_two_passes(
     assert [m for m in history.modules] == ["0", "0.attn", "0.mlp", "0.drop_path"]
     assert "0.drop_path (x2)" in str(history)
     assert history["0.drop_path:2"].label == outputs[1][0]
+
+
+class Returns(nn.Module):
+    """Returns what `kind` names: one tensor twice, an input unchanged, or constants."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.fc, self.kind = nn.Linear(3, 3), kind
+        self.table = torch.arange(3.0)  # a plain attribute: no op makes it
+
+    def forward(self, x: torch.Tensor):
+        y = self.fc(x)
+        made = torch.ones(2)
+        return {
+            "tuple": lambda: (y, y),
+            "dict": lambda: {"a": y, "b": y},
+            "nested": lambda: [y, (x, y), {"c": x}],
+            "input": lambda: x,
+            "made": lambda: made,
+            "made_twice": lambda: (made, y, made),
+            "attribute": lambda: (self.table, self.table),
+        }[self.kind]()
+
+
+# What each output must hold, read from the model and its input, in the returned order.
+_RETURNED = {
+    "tuple": (["linear"] * 2, lambda m, x: [m.fc(x)] * 2),
+    "dict": (["linear"] * 2, lambda m, x: [m.fc(x)] * 2),
+    "nested": (["linear", "input", "linear", "input"], lambda m, x: [m.fc(x), x, m.fc(x), x]),
+    "input": (["input"], lambda m, x: [x]),
+    "made": (["ones"], lambda m, x: [torch.ones(2)]),
+    "made_twice": (["ones", "linear", "ones"], lambda m, x: [torch.ones(2), m.fc(x), torch.ones(2)]),
+    "attribute": (["tensor"] * 2, lambda m, x: [m.table] * 2),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_RETURNED))
+def test_each_returned_tensor_is_one_childless_output_of_its_producer(kind: str) -> None:
+    torch.manual_seed(0)
+    model, x = Returns(kind), torch.rand(2, 3)
+    history = _log(model, [x])  # lint: an output has no children
+    producers, values = _RETURNED[kind]
+    outputs = [history[label] for label in history.output_layers]
+    assert [history[o.parent_labels[0]].func_name for o in outputs] == producers
+    assert all(len(o.parent_labels) == 1 and not o.children for o in outputs)
+    for output, value in zip(outputs, values(model, x), strict=True):
+        assert torch.equal(output.tensor_contents, value.detach())
+    assert all(not history[label].is_output for o in outputs for label in o.parent_labels)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "made_twice", "attribute"])
+def test_a_tensor_returned_twice_saves_selects_and_replays(kind: str) -> None:
+    torch.manual_seed(0)
+    model, x = Returns(kind), torch.rand(2, 3)
+    chosen = torchlog.log_forward_pass(model, x, random_seed=0, layers_to_save=["linear"])
+    torchlog.lint(chosen)
+    assert len(chosen.output_layers) == len(_RETURNED[kind][0])
+    assert torchlog.validate_saved_activations(model, x, random_seed=0)
