@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import full_cases, quick_cases  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 import torchlog  # noqa: E402
 
@@ -38,6 +39,7 @@ def _median_ms(fn, repeats: int) -> float:
 def main() -> None:
     quick = "--quick" in sys.argv
     torch.set_num_threads(1)
+    print(provenance_line())
     print(f"{'model':<20}{'ops':>6}{'plain ms':>10}{'null mode':>11}{'no save':>13}{'all saved':>13}"
           f"{'bookkeeping us/op':>19}")
     for case in quick_cases() if quick else full_cases():

@@ -1,7 +1,11 @@
-"""The benchmark models: ResNet-50 and small CNN/MLP/RNN models written by hand, and a GPT-2 builder.
+"""The benchmark models: ResNet-50, small MLP/RNN models written by hand, GPT-2 and LLaMA builders.
 
 torchvision cannot be installed here, so ResNet-50 follows its architecture (bottleneck
-blocks of 3, 4, 6 and 3, stride on the 3x3 convolution) without importing it.
+blocks of 3, 4, 6 and 3, stride on the 3x3 convolution) without importing it. A case is
+"op-bound" when its ops are small enough that the logger's cost per op, not the ops'
+arithmetic, sets the log time (issue 16's list: SimpleRecurrent, the 50-block MLP, a
+stepped RNN cell, GPT-2, a tiny LLaMA). The probes are not models to compare: they
+isolate the fixed cost of one `log_forward_pass` call and the cost of one module call.
 """
 from __future__ import annotations
 
@@ -84,6 +88,69 @@ def resnet50(num_classes: int = 1000) -> ResNet:
     return ResNet((3, 4, 6, 3), num_classes).eval()
 
 
+class SimpleRecurrent(nn.Module):
+    """The seed's recurrent model (the TorchLens article): one Linear four times with +1 and *2, 12 ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_features=5, out_features=5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            x = self.fc(x)
+            x = x + 1
+            x = x * 2
+        return x
+
+
+class SteppedCell(nn.Module):
+    """An nn.GRUCell stepped by a Python loop over the time axis, then a Linear head."""
+
+    def __init__(self, input_size: int = 32, hidden_size: int = 64, num_classes: int = 10) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(input_size, hidden_size)
+        self.head = nn.Linear(hidden_size, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.new_zeros(x.shape[0], self.cell.hidden_size)
+        for t in range(x.shape[1]):
+            h = self.cell(x[:, t], h)
+        return self.head(h)
+
+
+class AddOne(nn.Module):
+    """One op in one module: the unit of the module-call probe."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+class ModuleChain(nn.Module):
+    """`length` calls of an AddOne module: `length` ops and `length` module calls."""
+
+    def __init__(self, length: int = 100) -> None:
+        super().__init__()
+        self.steps = nn.ModuleList(AddOne() for _ in range(length))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for step in self.steps:
+            x = step(x)
+        return x
+
+
+class InlineChain(nn.Module):
+    """The same `length` additions as ModuleChain with no submodule: its baseline."""
+
+    def __init__(self, length: int = 100) -> None:
+        super().__init__()
+        self.length = length
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.length):
+            x = x + 1
+        return x
+
+
 class DeepMLP(nn.Module):
     """`depth` blocks of Linear -> LayerNorm -> GELU; 3 ops per block plus the head."""
 
@@ -136,6 +203,23 @@ def gpt2_small(num_layers: int = 6, hidden: int = 256, num_heads: int = 4,
     return GPT2LMHeadModel(config).eval()
 
 
+def tiny_llama(num_layers: int = 2, hidden: int = 128, num_heads: int = 4, vocab_size: int = 1000,
+               max_positions: int = 256) -> nn.Module:
+    """A LlamaForCausalLM from a small LlamaConfig with random weights, in eval mode (no downloads).
+
+    Raises:
+        ImportError: transformers is not installed.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(num_hidden_layers=num_layers, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_attention_heads=num_heads, num_key_value_heads=num_heads // 2,
+                         vocab_size=vocab_size, max_position_embeddings=max_positions,
+                         bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
 @dataclass(frozen=True)
 class BenchCase:
     """A model to benchmark and how to make its input."""
@@ -144,25 +228,51 @@ class BenchCase:
     build: Callable[[], nn.Module]
     make_input: Callable[[], Any]  # returns the `input_args` for log_forward_pass
     repeats: int  # timed runs per measurement (the median is reported)
+    is_op_bound: bool = False  # in issue 16's list of models whose cost is per op, not arithmetic
 
 
 def _tokens(batch: int, length: int, vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
 
 
+def _seed_input() -> torch.Tensor:
+    return torch.rand(6, 5, generator=torch.Generator().manual_seed(0))  # the article's 6x5 input
+
+
 def full_cases() -> list[BenchCase]:
-    """The models of the full benchmark, smallest first."""
+    """The models of the full benchmark: the op-bound ones first, then the others."""
     return [
-        BenchCase("MLP (50 blocks)", lambda: DeepMLP(50).eval(), lambda: torch.randn(32, 256), 21),
+        BenchCase("SimpleRecurrent (seed)", lambda: SimpleRecurrent().eval(), _seed_input, 41, True),
+        BenchCase("MLP (50 blocks)", lambda: DeepMLP(50).eval(), lambda: torch.randn(32, 256), 21, True),
+        BenchCase("GRUCell (16 steps)", lambda: SteppedCell().eval(), lambda: torch.randn(8, 16, 32), 21, True),
+        BenchCase("GPT-2 (6 layers)", gpt2_small, lambda: _tokens(1, 128, 1000), 11, True),
+        BenchCase("LLaMA (2 layers)", tiny_llama, lambda: _tokens(1, 128, 1000), 11, True),
         BenchCase("RNN (64 steps)", lambda: ElmanRNN().eval(), lambda: torch.randn(16, 64, 64), 21),
-        BenchCase("GPT-2 (6 layers)", gpt2_small, lambda: _tokens(1, 128, 1000), 11),
         BenchCase("ResNet-50 224x224", resnet50, lambda: torch.randn(1, 3, 224, 224), 7),
     ]
+
+
+def probe_cases(quick: bool = False) -> dict[str, BenchCase]:
+    """The probes by role: 'linear' and 'seed' (fixed cost per call), 'modules' and 'inline'.
+
+    The fixed cost of one call is its log time minus its plain time on a model of a few
+    ops; the cost of one module call is the extra overhead of ModuleChain over
+    InlineChain (the same ops, without the modules) divided by the number of calls.
+    """
+    repeats = 3 if quick else 21
+    return {
+        "linear": BenchCase("Linear(8, 8) on (2, 8)", lambda: nn.Linear(8, 8).eval(),
+                            lambda: torch.randn(2, 8), repeats),
+        "seed": BenchCase("SimpleRecurrent (12 ops)", lambda: SimpleRecurrent().eval(), _seed_input, repeats),
+        "modules": BenchCase("100 AddOne module calls", ModuleChain, lambda: torch.randn(2, 8), repeats),
+        "inline": BenchCase("100 inline additions", InlineChain, lambda: torch.randn(2, 8), repeats),
+    }
 
 
 def quick_cases() -> list[BenchCase]:
     """Small models for a smoke run of a few seconds."""
     return [
+        BenchCase("SimpleRecurrent (seed)", lambda: SimpleRecurrent().eval(), _seed_input, 3, True),
         BenchCase("MLP (10 blocks)", lambda: DeepMLP(10, 64).eval(), lambda: torch.randn(8, 64), 3),
         BenchCase("RNN (8 steps)", lambda: ElmanRNN(16, 32).eval(), lambda: torch.randn(4, 8, 16), 3),
         BenchCase("ResNet (1 block/stage) 64x64", lambda: ResNet((1, 1, 1, 1), 10, 16).eval(),

@@ -1,10 +1,16 @@
 """Benchmark: what logging every op costs over a plain forward pass, in time and memory.
 
-Run `.venv/bin/python bench/run.py` (add `--quick` for a smoke run of a few seconds and
-`--torchlens-python PATH` to print TorchLens's figures beside ours). For each model it
-prints the plain forward time, the `log_forward_pass` time with every layer saved and
-no rendering, their ratio, microseconds of overhead per op and the peak memory the log
-adds over a plain forward pass, checked against the targets below.
+Run `.venv/bin/python bench/run.py --threads 1 --clock cpu` (add `--quick` for a smoke
+run of a few seconds, `--json PATH` to keep the figures, `--torchlens-python PATH` for a
+TorchLens venv elsewhere). For each model it prints the plain forward time, the
+`log_forward_pass` time with every layer saved and no rendering, their ratio,
+microseconds of overhead per op, the number of module calls, the peak memory the log
+adds over a plain forward pass and the memory held after it while the log is alive.
+Then the fixed cost of one call (a single nn.Linear(8, 8) on a (2, 8) input and the
+seed's 12-op SimpleRecurrent: log time minus plain time), the cost of one module call
+(100 calls of a one-op module against the same 100 ops inline), TorchLens's log time
+over ours per model, and every figure beside its target from issue 16. The save_to
+ratio comes from bench/storage_bench.py.
 
 Timing: both runs happen in this process under `torch.no_grad()` (the stricter case: a
 plain forward without autograd is faster), after warm-up runs, alternating plain and
@@ -20,6 +26,9 @@ current RSS (Linux `/proc/self/clear_refs`; without it the peak of importing tor
 everything a small model does) and run one plain forward, or log one pass and keep the
 result alive. Each reports how far its RSS peaked above where it started; the difference
 is the memory the log costs over a plain forward pass ('-' where /proc is missing).
+"Held" is RSS after the pass, with the log still alive (the plain child drops its
+output), over RSS at the start, log child minus plain child; its limit is the bytes of
+the distinct storages behind the saved tensors plus 2 KB per op.
 
 TorchLens set-up (benchmark only; never in .venv, and never with torchvision or a CUDA
 torch; torchlens 2.36 does not require torchvision):
@@ -29,7 +38,9 @@ torch; torchlens 2.36 does not require torchvision):
     echo torch==2.13.0 > /tmp/pin.txt
     bench/.venv-torchlens/bin/pip install -c /tmp/pin.txt torchlens==2.36.1 transformers
 
-bench/run.py then finds bench/.venv-torchlens/bin/python by itself.
+bench/run.py then finds bench/.venv-torchlens/bin/python by itself and runs TorchLens
+after torchlog in the same invocation (its memory only with --torchlens-memory: two more
+subprocesses per model, each tracing once).
 """
 from __future__ import annotations
 
@@ -49,12 +60,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import BenchCase, full_cases, quick_cases  # noqa: E402  (bench/ is not a package)
+from models import BenchCase, full_cases, probe_cases, quick_cases  # noqa: E402  (bench/ is not a package)
+from provenance import provenance  # noqa: E402
 
-TARGET_US_PER_OP = 50.0
-TARGET_RATIO = {"ResNet-50 224x224": 1.3, "GPT-2 (6 layers)": 2.0}
-TARGET_BYTES_PER_OP = 2048
-TARGET_SAVED_FACTOR = 1.2
 NOT_INSTALLED = 3  # exit status of torchlens_side.py when torchlens cannot be imported
 
 
@@ -63,7 +71,17 @@ class LogResult:
     """What one logged pass produced, in the logger's own count."""
 
     num_ops: int  # len(history): every recorded tensor, inputs and outputs included
-    saved_bytes: int  # bytes of the saved activations
+    saved_bytes: int  # bytes of the saved activations, pass by pass
+    stored_bytes: int | None = None  # bytes of the distinct storages behind them (None: unknown)
+
+
+@dataclass(frozen=True)
+class Logger:
+    """One way to log a pass: `run` is timed, `describe` reads the log outside the timed region."""
+
+    name: str
+    run: Callable[[torch.nn.Module, Any], Any]
+    describe: Callable[[Any], LogResult]
 
 
 @dataclass
@@ -71,38 +89,89 @@ class CaseResult:
     """The figures of one model for one logger."""
 
     name: str
+    is_op_bound: bool
     num_ops: int
+    num_module_calls: int  # forward calls of every module, the root included
     plain_s: float
     log_s: float
     saved_bytes: int
+    stored_bytes: int | None
     extra_peak_bytes: int | None  # None when memory was not measured
+    held_bytes: int | None  # RSS kept after the pass with the log alive, over a plain pass
 
     @property
     def ratio(self) -> float:
         return self.log_s / self.plain_s
 
     @property
-    def us_per_op(self) -> float:
-        return (self.log_s - self.plain_s) / self.num_ops * 1e6
+    def overhead_s(self) -> float:
+        return self.log_s - self.plain_s
 
     @property
-    def memory_budget_bytes(self) -> float:
-        return TARGET_SAVED_FACTOR * self.saved_bytes + TARGET_BYTES_PER_OP * self.num_ops
+    def us_per_op(self) -> float:
+        return self.overhead_s / self.num_ops * 1e6
+
+    @property
+    def held_limit_bytes(self) -> float:
+        stored = self.saved_bytes if self.stored_bytes is None else self.stored_bytes
+        return stored + TARGETS["held_bytes_per_op"] * self.num_ops
 
 
-Logger = Callable[[torch.nn.Module, Any], tuple[Any, LogResult]]
+# Issue 16's targets (and the earlier peak-memory and GPT-2 ratio ones, kept for comparison).
+TARGETS: dict[str, Any] = {
+    "us_per_op": 30.0,  # op-bound models
+    "us_per_call": 200.0,  # fixed cost of one log_forward_pass call
+    "us_per_module_call": 10.0,
+    "torchlens_factor_op_bound": 50.0,  # TorchLens log time over ours, at least
+    "torchlens_factor": 10.0,
+    "ratio": {"ResNet-50 224x224": 1.3, "GPT-2 (6 layers)": 2.0},
+    "held_bytes_per_op": 2048,  # held after the pass <= stored bytes + this per op
+    "peak_saved_factor": 1.2,  # extra peak <= this x saved bytes + 2 KB per op
+    "save_to_ratio": 1.5,  # bench/storage_bench.py
+}
 
 
-def log_with_torchlog(model: torch.nn.Module, inputs: Any) -> tuple[Any, LogResult]:
-    """Log one pass with torchlog, every layer saved, nothing rendered."""
+def _distinct_storage_bytes(tensors: list[Any]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _torchlog_run(model: torch.nn.Module, inputs: Any) -> Any:
     import torchlog
 
-    history = torchlog.log_forward_pass(model, inputs, layers_to_save="all")
-    return history, LogResult(len(history), history.num_saved_bytes)
+    return torchlog.log_forward_pass(model, inputs, layers_to_save="all")
+
+
+def _torchlog_describe(history: Any) -> LogResult:
+    saved = [p.saved for p in history]
+    return LogResult(len(history), history.num_saved_bytes, _distinct_storage_bytes(saved))
+
+
+TORCHLOG = Logger("torchlog", _torchlog_run, _torchlog_describe)
 
 
 def _forward(model: torch.nn.Module, inputs: Any) -> Any:
     return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+
+
+def count_module_calls(model: torch.nn.Module, inputs: Any) -> int:
+    """Forward calls of every module (the root included) in one plain pass."""
+    calls = [0]
+
+    def count(module: torch.nn.Module, args: Any) -> None:
+        calls[0] += 1
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        with torch.no_grad():
+            _forward(model, inputs)
+    finally:
+        handle.remove()
+    return calls[0]
 
 
 # 'cpu' (process_time) counts only this process's CPU seconds: steadier than wall time on
@@ -111,23 +180,45 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": perf_counter, "cpu": process_t
 _clock = [perf_counter]
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+# A sample repeats a fast pass until it lasts this long: the gc.collect() before each
+# sample leaves the CPU caches cold for ~200 us, which would swamp a 20 us forward pass.
+MIN_SAMPLE_S = 0.02
+MAX_BATCH = 1000
+
+
+def _timed(fn: Callable[[], Any], number: int = 1) -> tuple[float, Any]:
+    """Seconds per call of `fn` over `number` calls, and the last result.
+
+    Results stay alive until the clock stops, so freeing them is not timed.
+    """
     gc.collect()
     clock = _clock[0]
+    kept = []
     start = clock()
-    result = fn()
-    return clock() - start, result
+    for _ in range(number):
+        kept.append(fn())
+    elapsed = clock() - start
+    return elapsed / number, kept[-1]
+
+
+def _batch_size(fn: Callable[[], Any]) -> int:
+    """Calls per sample so that one sample lasts about MIN_SAMPLE_S (one warm-up call first)."""
+    fn()
+    once = _timed(fn)[0]
+    return max(1, min(MAX_BATCH, int(MIN_SAMPLE_S / max(once, 1e-9))))
 
 
 def _median_after_warmup(times: list[float]) -> float:
-    return statistics.median(times[2:])  # the first two runs are warm-up
+    return statistics.median(times[2:])  # the first two samples are warm-up
 
 
 def time_plain(case: BenchCase, repeats: int | None = None) -> float:
     """Median plain forward time of `case` in seconds."""
     model, inputs = case.build(), case.make_input()
     with torch.no_grad():
-        times = [_timed(lambda: _forward(model, inputs))[0] for _ in range(2 + (repeats or case.repeats))]
+        run = lambda: _forward(model, inputs)  # noqa: E731
+        number = _batch_size(run)
+        times = [_timed(run, number)[0] for _ in range(2 + (repeats or case.repeats))]
     return _median_after_warmup(times)
 
 
@@ -135,19 +226,24 @@ def time_case(case: BenchCase, log: Logger, repeats: int | None = None,
               plain_s: float | None = None) -> tuple[float, float, LogResult]:
     """Median plain and logged times of `case` (seconds) and what the last log recorded.
 
-    Plain and logged runs alternate, so that drift in machine load hits both alike;
+    Plain and logged samples alternate, so that drift in machine load hits both alike;
     when `plain_s` is given (measured before the logger patched torch), only the logged
-    runs are timed.
+    runs are timed. Only `log.run` is timed; `log.describe` reads a log afterwards.
     """
     model, inputs = case.build(), case.make_input()
     plain_times, log_times = [], []
-    result = None
     with torch.no_grad():
-        for _ in range(2 + (repeats or case.repeats)):
+        plain_run = lambda: _forward(model, inputs)  # noqa: E731
+        log_run = lambda: log.run(model, inputs)  # noqa: E731
+        plain_number = _batch_size(plain_run) if plain_s is None else 0
+        log_number = _batch_size(log_run)
+        for k in range(2 + (repeats or case.repeats)):
             if plain_s is None:
-                plain_times.append(_timed(lambda: _forward(model, inputs))[0])
-            elapsed, (history, result) = _timed(lambda: log(model, inputs))
-            del history  # freed outside the timed region, before the next run
+                plain_times.append(_timed(plain_run, plain_number)[0])
+            elapsed, history = _timed(log_run, log_number)
+            if k == 0:
+                result = log.describe(history)
+            del history  # freed outside the timed region, before the next sample
             log_times.append(elapsed)
     plain = plain_s if plain_s is not None else _median_after_warmup(plain_times)
     return plain, _median_after_warmup(log_times), result
@@ -187,14 +283,16 @@ def can_measure_memory() -> bool:
 
 
 def memory_child(case: BenchCase, log: Logger, mode: str) -> dict:
-    """Body of a memory subprocess: how far RSS peaks above its start during one pass.
+    """Body of a memory subprocess: how far RSS peaks above its start during one pass,
+    and how much more it holds after it.
 
     Both modes prepare alike, then restart the high-water mark and run one plain
-    forward (`plain`) or one logged pass whose result stays alive (`log`).
+    forward whose output is dropped (`plain`) or one logged pass whose log stays alive
+    (`log`).
     """
     warm_model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     with torch.no_grad():
-        log(warm_model, torch.ones(1, 4))  # lazy imports and caches count in both modes
+        log.describe(log.run(warm_model, torch.ones(1, 4)))  # lazy imports and caches count in both modes
         model, inputs = case.build(), case.make_input()
         _forward(model, inputs)
         _forward(model, inputs)
@@ -202,28 +300,34 @@ def memory_child(case: BenchCase, log: Logger, mode: str) -> dict:
         start = _rss_bytes()
         _reset_peak_rss()
         if mode == "plain":
-            _forward(model, inputs)
-            return {"growth_bytes": _peak_rss_bytes() - start}
-        history, result = log(model, inputs)
-        report = {"growth_bytes": _peak_rss_bytes() - start, **asdict(result)}
+            output = _forward(model, inputs)
+            peak = _peak_rss_bytes()
+            del output
+            gc.collect()
+            return {"growth_bytes": peak - start, "held_bytes": _rss_bytes() - start}
+        history = log.run(model, inputs)
+        peak = _peak_rss_bytes()
+        gc.collect()
+        held = _rss_bytes() - start
+        report = {"growth_bytes": peak - start, "held_bytes": held, **asdict(log.describe(history))}
         del history
     return report
 
 
-def measure_memory(case: BenchCase, child_argv: list[str]) -> int:
-    """Extra peak RSS of a logged pass over a plain one, from two fresh subprocesses.
+def measure_memory(case: BenchCase, child_argv: list[str]) -> tuple[int, int]:
+    """Extra peak RSS of a logged pass over a plain one, and extra RSS held after it.
 
     Raises:
         RuntimeError: a child failed; its stderr is in the message.
     """
-    growth = {}
+    reports = {}
     for mode in ("plain", "log"):
         argv = child_argv + ["--memory-child", case.name, "--mode", mode]
         done = subprocess.run(argv, capture_output=True, text=True, env=_child_env())
         if done.returncode != 0:
             raise RuntimeError(f"memory child {argv!r} failed:\n{done.stderr[-3000:]}")
-        growth[mode] = json.loads(done.stdout.strip().splitlines()[-1])["growth_bytes"]
-    return growth["log"] - growth["plain"]
+        reports[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    return tuple(reports["log"][k] - reports["plain"][k] for k in ("growth_bytes", "held_bytes"))
 
 
 def _child_env() -> dict[str, str]:
@@ -240,13 +344,46 @@ def measure(cases: list[BenchCase], log: Logger, child_argv: list[str] | None,
     torch patched (which would slow the plain runs that follow).
     """
     plain = {c.name: time_plain(c) for c in cases} if plain_first else {}  # plain runs are cheap
+    calls = {c.name: count_module_calls(c.build(), c.make_input()) for c in cases}
     results = []
     for case in cases:
-        say(f"  {case.name} ...")
+        say(f"  {log.name}: {case.name} ...")
         plain_s, log_s, logged = time_case(case, log, repeats, plain.get(case.name))
-        extra = measure_memory(case, child_argv) if child_argv is not None else None
-        results.append(CaseResult(case.name, logged.num_ops, plain_s, log_s, logged.saved_bytes, extra))
+        extra, held = measure_memory(case, child_argv) if child_argv is not None else (None, None)
+        results.append(CaseResult(case.name, case.is_op_bound, logged.num_ops, calls[case.name], plain_s,
+                                  log_s, logged.saved_bytes, logged.stored_bytes, extra, held))
     return results
+
+
+@dataclass(frozen=True)
+class CallCosts:
+    """Fixed costs: per log_forward_pass call on tiny models, and per module call (µs)."""
+
+    linear_plain_us: float
+    linear_log_us: float
+    seed_plain_us: float
+    seed_log_us: float
+    us_per_module_call: float
+
+    @property
+    def linear_us(self) -> float:
+        return self.linear_log_us - self.linear_plain_us
+
+    @property
+    def seed_us(self) -> float:
+        return self.seed_log_us - self.seed_plain_us
+
+
+def measure_call_costs(quick: bool, log: Logger = TORCHLOG) -> CallCosts:
+    """Time the probes of models.probe_cases in this process."""
+    probes = probe_cases(quick)
+    times = {role: time_case(case, log)[:2] for role, case in probes.items()}
+    extra_calls = (count_module_calls(probes["modules"].build(), probes["modules"].make_input())
+                   - count_module_calls(probes["inline"].build(), probes["inline"].make_input()))
+    (mp, ml), (ip, il) = times["modules"], times["inline"]
+    per_module = ((ml - mp) - (il - ip)) / extra_calls
+    (lp, ll), (sp, sl) = times["linear"], times["seed"]
+    return CallCosts(lp * 1e6, ll * 1e6, sp * 1e6, sl * 1e6, per_module * 1e6)
 
 
 # ----- TorchLens, in its own interpreter -----------------------------------------------
@@ -265,62 +402,6 @@ def run_torchlens(python: str, flags: list[str]) -> list[CaseResult] | str:
     return [CaseResult(**row) for row in rows]
 
 
-# ----- report ----------------------------------------------------------------------------
-def _mb(num_bytes: float | None) -> str:
-    return "-" if num_bytes is None else f"{num_bytes / 2**20:.1f}"
-
-
-def _row(r: CaseResult) -> list[str]:
-    return [r.name, str(r.num_ops), f"{r.plain_s * 1e3:.1f}", f"{r.log_s * 1e3:.1f}",
-            f"{r.ratio:.2f}", f"{r.us_per_op:.1f}", _mb(r.saved_bytes), _mb(r.extra_peak_bytes),
-            _mb(r.memory_budget_bytes)]
-
-
-HEADER = ["model", "ops", "plain ms", "log ms", "ratio", "us/op", "saved MB", "+peak MB", "budget MB"]
-
-
-def format_table(title: str, results: list[CaseResult]) -> str:
-    """A fixed-width table of `results` under `title`."""
-    rows = [HEADER] + [_row(r) for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    lines = [title]
-    for k, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-        lines.append("  ".join(cells))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def check_targets(results: list[CaseResult]) -> list[str]:
-    """One line per target and model: the figure, the limit and whether it is met."""
-    lines = []
-    for r in results:
-        checks = [("us/op", r.us_per_op, TARGET_US_PER_OP)]
-        if r.name in TARGET_RATIO:
-            checks.append(("ratio", r.ratio, TARGET_RATIO[r.name]))
-        if r.extra_peak_bytes is not None:
-            checks.append(("+peak MB", r.extra_peak_bytes / 2**20, r.memory_budget_bytes / 2**20))
-        for what, value, limit in checks:
-            verdict = "ok" if value <= limit else "OVER"
-            lines.append(f"  {verdict:4} {r.name}: {what} {value:.2f} (target <= {limit:.2f})")
-    return lines
-
-
-def compare(ours: list[CaseResult], theirs: list[CaseResult]) -> list[str]:
-    """How many times slower TorchLens is per op and overall, per model."""
-    by_name = {r.name: r for r in theirs}
-    lines = []
-    for r in ours:
-        t = by_name.get(r.name)
-        if t is None:
-            continue
-        per_op = (f"overhead per op {t.us_per_op / r.us_per_op:.0f}x ours" if r.us_per_op > 0
-                  else "our overhead per op is below timing noise")
-        lines.append(f"  {r.name}: TorchLens log time {t.log_s / r.log_s:.1f}x ours, {per_op}")
-    return lines
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small models, few repeats (smoke run)")
@@ -328,11 +409,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="python of a venv with torchlens installed "
                              "(default: bench/.venv-torchlens/bin/python if it exists)")
     parser.add_argument("--no-torchlens", action="store_true", help="skip the TorchLens comparison")
+    parser.add_argument("--torchlens-memory", action="store_true",
+                        help="measure TorchLens's memory too (two more subprocesses per model)")
     parser.add_argument("--repeats", type=int, help="timed runs per model (default: per model)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or this process's CPU time (steadier on a busy machine)")
+    parser.add_argument("--json", metavar="PATH", type=Path, help="also write every figure to PATH as JSON")
     parser.add_argument("--memory-child", metavar="CASE", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=("plain", "log"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -354,36 +438,6 @@ def case_named(name: str, quick: bool) -> BenchCase:
     return found[name]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    configure(args)
-    if args.memory_child:
-        print(json.dumps(memory_child(case_named(args.memory_child, args.quick), log_with_torchlog, args.mode)))
-        return 0
-    child = None if args.no_memory or not can_measure_memory() else [sys.executable, __file__] + child_flags(args)
-    _print_setting(args)
-    ours = measure(cases_for(args.quick), log_with_torchlog, child, args.repeats,
-                   lambda s: print(s, file=sys.stderr, flush=True))
-    print(format_table("torchlog (log_forward_pass, all layers saved, no rendering)", ours))
-    print("Targets:")
-    print("\n".join(check_targets(ours)))
-    _print_torchlens(args, ours)
-    return 0
-
-
-def _print_setting(args: argparse.Namespace) -> None:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    cpus = os.cpu_count() or 1
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, "
-          f"{'quick run' if args.quick else 'full run'}; load average {load:.1f} on {cpus} CPUs",
-          flush=True)
-    if load > cpus / 2 and (args.clock == "wall" or torch.get_num_threads() > 1):
-        # Intra-op threads wait for each other; when other jobs hold the CPUs, each small
-        # op can wait a whole scheduler slice, and plain forward times balloon.
-        print("warning: the machine is busy, so wall-clock figures with several threads are "
-              "unreliable; --threads 1 --clock cpu gives steadier ones", flush=True)
-
-
 def configure(args: argparse.Namespace) -> None:
     """Apply --threads and --clock to this process."""
     if args.threads:
@@ -398,20 +452,42 @@ def child_flags(args: argparse.Namespace) -> list[str]:
     return flags + ["--clock", args.clock]
 
 
-def _print_torchlens(args: argparse.Namespace, ours: list[CaseResult]) -> None:
+def _setting(args: argparse.Namespace) -> dict[str, Any]:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return {**provenance(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "clock": args.clock, "run": "quick" if args.quick else "full", "load": load,
+            "cpus": os.cpu_count() or 1}
+
+
+def _torchlens_results(args: argparse.Namespace) -> list[CaseResult] | str:
     if args.no_torchlens:
-        print("TorchLens: skipped (--no-torchlens)")
-        return
+        return "skipped (--no-torchlens)"
     python = args.torchlens_python or str(Path(__file__).with_name(".venv-torchlens") / "bin" / "python")
-    flags = child_flags(args) + ["--no-memory"] * args.no_memory
+    flags = child_flags(args) + ["--no-memory"] * (args.no_memory or not args.torchlens_memory)
     flags += ["--repeats", str(args.repeats)] if args.repeats else []
-    theirs = run_torchlens(python, flags)
-    if isinstance(theirs, str):
-        print(f"TorchLens: {theirs}")
-        return
-    print(format_table("TorchLens (torchlens.trace, all layers saved, no rendering)", theirs))
-    print("TorchLens vs torchlog:")
-    print("\n".join(compare(ours, theirs)))
+    return run_torchlens(python, flags)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from report import format_report, report_json  # noqa: PLC0415  (bench/ is on sys.path)
+
+    args = _parse(argv)
+    configure(args)
+    if args.memory_child:
+        print(json.dumps(memory_child(case_named(args.memory_child, args.quick), TORCHLOG, args.mode)))
+        return 0
+    setting = _setting(args)
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    child = None if args.no_memory or not can_measure_memory() else [sys.executable, __file__] + child_flags(args)
+    say("  torchlog: fixed costs per call ...")
+    calls = measure_call_costs(args.quick)
+    ours = measure(cases_for(args.quick), TORCHLOG, child, args.repeats, say)
+    say("  TorchLens (its own interpreter) ...")
+    theirs = _torchlens_results(args)
+    print(format_report(setting, ours, calls, theirs))
+    if args.json:
+        args.json.write_text(json.dumps(report_json(setting, ours, calls, theirs), indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

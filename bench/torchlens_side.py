@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import (CLOCKS, NOT_INSTALLED, LogResult, case_named, cases_for, child_flags, configure,  # noqa: E402
-                 measure, memory_child)
+from run import (CLOCKS, NOT_INSTALLED, LogResult, Logger, case_named, cases_for, child_flags,  # noqa: E402
+                 configure, measure, memory_child)
 
 
-def log_with_torchlens(model: torch.nn.Module, inputs: Any) -> tuple[Any, LogResult]:
+def _trace(model: torch.nn.Module, inputs: Any) -> Any:
     """Log one pass with TorchLens, every layer saved, nothing rendered.
 
     Raises:
@@ -29,8 +29,14 @@ def log_with_torchlens(model: torch.nn.Module, inputs: Any) -> tuple[Any, LogRes
     """
     import torchlens
 
-    trace = torchlens.trace(model, inputs)  # saves every layer and renders nothing by default
-    return trace, LogResult(len(trace), int(trace.saved_activation_memory))
+    return torchlens.trace(model, inputs)  # saves every layer and renders nothing by default
+
+
+def _describe(trace: Any) -> LogResult:
+    return LogResult(len(trace), int(trace.saved_activation_memory))
+
+
+TORCHLENS = Logger("TorchLens", _trace, _describe)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     configure(args)
     if args.memory_child:
         case = case_named(args.memory_child, args.quick)
-        print(json.dumps(memory_child(case, log_with_torchlens, args.mode)))
+        print(json.dumps(memory_child(case, TORCHLENS, args.mode)))
         return 0
     try:
         import torchlens  # noqa: F401
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     # TorchLens takes seconds per pass: three timed runs are enough to see its cost.
     # TorchLens leaves torch wrapped after its first trace, so the plain runs go first.
     repeats = args.repeats or 3
-    results = measure(cases_for(args.quick), log_with_torchlens, child, repeats,
+    results = measure(cases_for(args.quick), TORCHLENS, child, repeats,
                       lambda s: print(s, file=sys.stderr, flush=True), plain_first=True)
     print(json.dumps([asdict(r) for r in results]))
     return 0

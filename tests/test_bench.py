@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -27,36 +28,56 @@ quick_cases = _bench_models().quick_cases
 
 
 @pytest.fixture(scope="module")
-def quick_output() -> str:
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
-    argv = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--threads", "1",
-            "--torchlens-python", str(ROOT / "bench" / "no-such-python")]
+    json_path = tmp_path_factory.mktemp("bench") / "quick.json"
+    argv = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--threads", "1", "--clock", "cpu",
+            "--torchlens-python", str(ROOT / "bench" / "no-such-python"), "--json", str(json_path)]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
+    return done.stdout, json.loads(json_path.read_text())
+
+
+@pytest.fixture(scope="module")
+def quick_output(quick_run: tuple[str, dict]) -> str:
+    return quick_run[0]
 
 
 def test_quick_run_prints_one_row_per_model(quick_output: str):
     lines = quick_output.splitlines()
     header = next(line for line in lines if line.startswith("model "))
-    assert header.split() == ["model", "ops", "plain", "ms", "log", "ms", "ratio", "us/op", "saved", "MB",
-                              "+peak", "MB", "budget", "MB"]
+    assert header.split() == ["model", "ops", "calls", "plain", "ms", "log", "ms", "ratio", "us/op", "saved",
+                              "MB", "+peak", "MB", "held", "MB", "held", "max", "MB"]
     for case in quick_cases():
         row = next((line for line in lines if line.startswith(case.name + " ")), None)
         assert row is not None, f"no row for {case.name!r} in:\n{quick_output}"
         figures = row[len(case.name):].split()
-        assert len(figures) == 8, row
+        assert len(figures) == 10, row
         values = [float(f) for f in figures]  # every cell is a number (memory was measured)
         model, inputs = case.build(), case.make_input()
         assert int(values[0]) == len(torchlog.log_forward_pass(model, inputs)), row
-        plain, log, ratio = values[1:4]
+        assert values[1] >= 1, row  # the root module's call at least
+        plain, log, ratio = values[2:5]
         assert plain > 0 and log > 0, row
-        # The ratio is log/plain before rounding; the times are printed to 0.05 ms.
-        assert (log - 0.05) / (plain + 0.05) - 0.005 <= ratio <= (log + 0.05) / max(plain - 0.05, 1e-9) + 0.005, row
+        # The ratio is log/plain before rounding; the times are printed to 0.0005 ms.
+        e = 0.0005
+        assert (log - e) / (plain + e) - 0.005 <= ratio <= (log + e) / max(plain - e, 1e-9) + 0.005, row
 
 
 def test_quick_run_checks_targets_and_reports_missing_torchlens(quick_output: str):
-    targets = quick_output.split("Targets:")[1].splitlines()
-    checked = [line.split()[0] for line in targets if ": us/op " in line]
-    assert len(checked) == len(quick_cases()) and set(checked) <= {"ok", "OVER"}
+    targets = quick_output.split("Targets (")[1].splitlines()
+    per_call = [line.split()[0] for line in targets if ": us per call " in line]
+    assert len(per_call) == 2 and set(per_call) <= {"ok", "OVER"}
+    held = [line for line in targets if ": held MB " in line]
+    assert len(held) == len(quick_cases())
+    assert any(": us per module call " in line for line in targets)
     assert "TorchLens: not installed (" in quick_output
+
+
+def test_quick_run_writes_every_figure_as_json(quick_run: tuple[str, dict]):
+    _, figures = quick_run
+    assert [r["name"] for r in figures["torchlog"]] == [c.name for c in quick_cases()]
+    assert figures["per_call"]["linear_us"] == pytest.approx(
+        figures["per_call"]["linear_log_us"] - figures["per_call"]["linear_plain_us"])
+    assert figures["torchlens"].startswith("not installed (")
+    assert {"date", "commit", "uptime", "command"} <= set(figures["setting"])
