@@ -428,7 +428,58 @@ def test_ops_of_a_functional_called_in_a_loop_fold_across_its_calls():
     torch.manual_seed(0)
     history = log(SharedAttentionInALoop().eval(), torch.rand(5, 2, 16))
     counts = passes_of(history)
-    assert counts["scaleddotproductattention_1_18"] == 3 and counts["add_1_23"] == 3
-    assert {label: n for label, n in counts.items() if n % 3} == {"input_1_0": 1, "output_1_24": 1}
+    assert counts["scaleddotproductattention_1_19"] == 3 and counts["add_1_24"] == 3
+    # q, k and v: one instruction each of torch's _in_projection_packed, three layers
+    assert [label for label in counts if label.startswith("getitem")] == ["getitem_1_7", "getitem_2_8",
+                                                                           "getitem_3_9"]
+    assert {label: n for label, n in counts.items() if n % 3} == {"input_1_0": 1, "output_1_25": 1}
     views = [label for label in counts if label.startswith("view")]
     assert len(views) == 7 and all(counts[label] == 3 for label in views)
+
+
+# ----- ops that share one call site inside torch's own code --------------------------------------
+class CrossAttentionInALoop(nn.Module):
+    """nn.MultiheadAttention.forward (torch code) transposes query, key and value with one
+    generator expression: one instruction, three values of different meaning per call."""
+
+    def __init__(self, num_calls: int) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.num_calls = num_calls
+
+    def forward(self, x, k, v):
+        for _ in range(self.num_calls):
+            x = x + self.attn(x, k, v, need_weights=False)[0]
+        return x
+
+
+def test_repeated_ops_of_one_torch_call_stay_apart_and_fold_across_calls():
+    torch.manual_seed(0)
+    inputs = (torch.rand(2, 3, 8), torch.rand(2, 5, 8), torch.rand(2, 5, 8))
+    once = log(CrossAttentionInALoop(1), *inputs)
+    thrice = log(CrossAttentionInALoop(3), *inputs)
+    transposes = [p for p in once if p.func_name == "transpose" and "functionals" not in (p.extra or {})]
+    # query, key, value to sequence-first, then the result back: four layers
+    assert [p.shape for p in transposes] == [(3, 2, 8), (5, 2, 8), (5, 2, 8), (2, 3, 8)]
+    assert len({p.label for p in transposes}) == 4
+    assert [layer.label for layer in thrice.layers] == [layer.label for layer in once.layers]
+    counts = passes_of(thrice)
+    assert all(counts[label] == 3 for label in counts if not label.startswith(("input", "output")))
+
+
+class GetitemInALoop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x):
+        for _ in range(4):
+            x = torch.tanh(self.fc(x))[:, :4]
+            x = torch.stack([x, -x])[1]
+        return x
+
+
+def test_a_getitem_in_a_real_loop_still_folds():
+    counts = passes_of(log(GetitemInALoop(), torch.rand(2, 4)))
+    assert counts == {"input_1_0": 1, "linear_1_1": 4, "tanh_1_2": 4, "getitem_1_3": 4, "neg_1_4": 4,
+                      "stack_1_5": 4, "getitem_2_6": 4, "output_1_7": 1}
