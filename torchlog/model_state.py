@@ -58,7 +58,8 @@ def model_kept(named_modules: list) -> Iterator[None]:
     with torch._C.DisableTorchFunction():  # never logged by an outer log_forward_pass
         flags = [(module, module.training) for _, module in named_modules]
         kept = [(module, dict(module._buffers),
-                 {name: b.detach().clone() for name, b in module._buffers.items() if b is not None})
+                 {name: b.detach().clone() for name, b in module._buffers.items() if b is not None},
+                 {name: b.data for name, b in module._buffers.items() if b is not None})
                 for _, module in named_modules if module._buffers]
     try:
         yield
@@ -67,7 +68,7 @@ def model_kept(named_modules: list) -> Iterator[None]:
             for module, training in flags:
                 if module.training is not training:  # Module.__setattr__ is slow: only if changed
                     module.training = training
-            for module, buffers, values in kept:
+            for module, buffers, values, own_data in kept:
                 current = module._buffers
                 # Touch the dict only when forward reassigned a buffer: another thread may
                 # be reading it (two threads logging one model).
@@ -75,6 +76,9 @@ def model_kept(named_modules: list) -> Iterator[None]:
                     current.clear()
                     current.update(buffers)
                 for name, copy in values.items():
+                    own = own_data[name]
+                    if buffers[name].data_ptr() != own.data_ptr() or buffers[name].shape != own.shape:
+                        buffers[name].data = own  # forward set `b.data = v`: back to its storage
                     # Kernels such as batch_norm update running stats without bumping
                     # _version, so compare values; copy only what changed.
                     if not torch.equal(buffers[name], copy):

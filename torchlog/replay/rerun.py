@@ -9,6 +9,7 @@ import torch
 
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY
+from torchlog.capture.writes import returns_nothing_but_writes
 from torchlog.records import PassRecord
 
 __all__ = ["SETITEM", "is_continuous", "largest_finite", "op_context", "perturbed", "replaced", "rerun",
@@ -38,7 +39,7 @@ def rerun(record: PassRecord, values: dict[str, Any],
         _put(slots, edge.arg, clones[edge.label])
     with op_context(record.extra.get(OP_CONTEXT_KEY)), _rng(record.rng_state):
         out = func(*slots["args"], **slots["kwargs"])
-    if func is SETITEM:  # returns None: the result is the written-to tensor
+    if returns_nothing_but_writes(func):  # `t[i] = v`, `t.data = v`: the result is `t`
         return [slots["args"][0]]
     if isinstance(out, torch.Tensor):
         return [out]

@@ -19,7 +19,7 @@ _SHAPE_ONLY = frozenset({
 _SHAPE_OF_OTHER = frozenset({"type_as", "expand_as", "view_as", "reshape_as", "to"})
 # In-place ops that overwrite every element of their first argument (torch.nn.init's too).
 _OVERWRITES_FIRST = frozenset({
-    "copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
+    "copy_", "set_data", "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
     "geometric_", "cauchy_", "log_normal_", "bernoulli_", "constant_", "zeros_", "ones_",
     "eye_", "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
     "kaiming_normal_", "trunc_normal_", "orthogonal_", "sparse_",
