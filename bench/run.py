@@ -10,7 +10,8 @@ Then the fixed cost of one call (a single nn.Linear(8, 8) on a (2, 8) input and 
 seed's 12-op SimpleRecurrent: log time minus plain time), the cost of one module call
 (100 calls of a one-op module against the same 100 ops inline), TorchLens's log time
 over ours per model, and every figure beside its target from issue 16. The save_to
-ratio comes from bench/storage_bench.py.
+ratio comes from bench/storage_bench.py; bench/compare.py puts two --json runs side by
+side (bench/results/ keeps the figures from before issue 16's engine work).
 
 Timing: both runs happen in this process under `torch.no_grad()` (the stricter case: a
 plain forward without autograd is faster), after warm-up runs, alternating plain and

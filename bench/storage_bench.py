@@ -32,6 +32,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import h5py
 import torch
@@ -61,9 +62,11 @@ class _SinkTimer:
     def __enter__(self) -> "_SinkTimer":
         original, timer = self._original, self
 
-        def timed(writer: LogWriter, index: int, value: torch.Tensor):
+        def timed(writer: LogWriter, *args: Any):
+            # The value comes last: sink(index, value) in older writers, sink(nodes, index, value) now.
+            value = args[-1]
             started = perf_counter()
-            result = original(writer, index, value)
+            result = original(writer, *args)
             timer.seconds += perf_counter() - started
             timer.num_bytes += value.element_size() * value.numel()
             return result

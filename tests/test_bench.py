@@ -81,3 +81,14 @@ def test_quick_run_writes_every_figure_as_json(quick_run: tuple[str, dict]):
         figures["per_call"]["linear_log_us"] - figures["per_call"]["linear_plain_us"])
     assert figures["torchlens"].startswith("not installed (")
     assert {"date", "commit", "uptime", "command"} <= set(figures["setting"])
+
+
+def test_compare_reads_two_json_runs(quick_run: tuple[str, dict], tmp_path: Path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(quick_run[1]))
+    argv = [sys.executable, str(ROOT / "bench" / "compare.py"), str(path), str(path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "->" in line]
+    assert len(rows) == len(quick_cases())
+    assert "per call, Linear(8, 8) on (2, 8)" in done.stdout
