@@ -148,13 +148,7 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
          gradient_sink: Callable | None = None) -> ModelHistory:
     """One captured pass keeping what `capture` asks for, built into a history; re-raises
     what forward raised (see _partial)."""
-    store = _hook_gradients(request, gradient_sink)
-    if store is not None:
-        capture = replace(capture, on_node=store.on_node)
-    with seeded(request.seed), model_kept(request.named_modules), eager_submodules(request.named_modules):
-        # KeyboardInterrupt and SystemExit leave at once, unchanged; Exceptions come back.
-        captured = run_captured(request.model, request.args, request.kwargs, capture,
-                                request.named_modules)
+    captured, store = _capture(request, capture, gradient_sink)
     if captured.failure is not None:
         history = _partial(request, captured, started, prune, store)
         if (on_error or request.options.on_error) == "return":
@@ -171,6 +165,30 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
             f"{request.seed}, so the layers chosen by layers_to_save cannot be found again; "
             "save with layers_to_save='all' and pick layers from the result instead")
     return history
+
+
+def _capture(request: Request, capture: CaptureOptions,
+             gradient_sink: Callable | None) -> tuple[CapturedPass, GradientStore | None]:
+    """Run the pass; again, copying, while saved values changed after they were saved.
+
+    Activations are saved as the ops' own tensors, copied just before an op announces a
+    write into them; a write nothing announced shows in the version counters at the end
+    (`stale_saves`). The pass then runs again from the same seed and model state with
+    those ops' values copied, and once more copying everything if other values changed.
+    """
+    for retry in range(3):
+        store = _hook_gradients(request, gradient_sink)
+        options = capture if store is None else replace(capture, on_node=store.on_node)
+        with seeded(request.seed), model_kept(request.named_modules), \
+                eager_submodules(request.named_modules):
+            # KeyboardInterrupt and SystemExit leave at once, unchanged; Exceptions come back.
+            captured = run_captured(request.model, request.args, request.kwargs, options,
+                                    request.named_modules)
+        if not captured.stale_saves or captured.failure is not None:
+            break
+        stale = capture.copy_indices | frozenset(captured.stale_saves)
+        capture = replace(capture, copy_indices=stale) if retry == 0 else replace(capture, copy_all=True)
+    return captured, store
 
 
 def _partial(request: Request, captured: CapturedPass, started: float, prune: bool,

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from torchlog.lockstep import NOT_AN_OP, LockstepUnion
+from torchlog.scopes import internal_scope
 
 if TYPE_CHECKING:
     from torchlog.capture.nodes import RawNode
@@ -62,6 +63,7 @@ def _program_points(nodes: Sequence[RawNode]) -> tuple[list[int], list[tuple[lis
     points: list[int] = []
     groups: list[tuple[list[int], bool]] = []
     addresses: dict[int, tuple[str, ...]] = {}  # consecutive ops share one module path tuple
+    repeats: dict[tuple, int] = {}  # (torch-internal call, key) -> executions so far
     for index, node in enumerate(nodes):
         if node.kind != "op":
             points.append(NOT_AN_OP)  # inputs, outputs, buffers and foreign tensors never fold
@@ -71,6 +73,12 @@ def _program_points(nodes: Sequence[RawNode]) -> tuple[list[int], list[tuple[lis
         else:
             key = (node.func_name, _addresses(node.module_path, addresses), node.output_index,
                    node.site)
+            scope = internal_scope(node)
+            if scope is not None:  # torch's own code: its ops share one site, told apart by order
+                seen = repeats.get((scope, key), 0)
+                repeats[(scope, key)] = seen + 1
+                if seen:
+                    key = key + (seen,)
         point = ids.get(key)
         if point is None:
             point = ids[key] = len(groups)

@@ -35,7 +35,9 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal dtype, shape and bytes (so NaNs with equal payloads compare equal)."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    return a.numel() == 0 or torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    # Saved values may be views with any strides: compare their bytes in element order.
+    return a.numel() == 0 or torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                                          b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def same_value(a: object, b: object) -> bool:

@@ -42,3 +42,6 @@ class CapturedPass:
     call_outputs: Mapping[tuple[str, int], tuple[int, ...]]  # (address, call) -> nodes it returned
     modules: tuple[ModuleInfo, ...] = ()  # every submodule in model order, the root excluded
     failure: Failure | None = None  # set when forward raised an Exception
+    # Nodes whose saved value is wrong: saved by reference (not copied), then changed by an
+    # in-place write no op announced. The API runs the pass again copying them.
+    stale_saves: tuple[int, ...] = ()

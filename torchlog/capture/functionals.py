@@ -62,7 +62,9 @@ def run_expanded(recorder: Recorder, func: Callable, name: str, body: Callable,
     """Run `body` (func's guard-free copy) with the mode on, as one scope of `recorder`."""
     parents, params = recorder._find_parents(args, kwargs)  # what a one-op record would list
     rng = recorder._rng_state() if recorder.options.save_function_args else None
-    site = (call_site(), recorder.module_sites)
+    frames = recorder.module_frames
+    site = (call_site(frames[-1], recorder.module_sites[-1]) if frames else call_site(),
+            recorder.module_sites)
     first_node, first_call = len(recorder.nodes), recorder._call_count
     recorder.expanding.add(func)
     try:

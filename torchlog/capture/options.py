@@ -26,6 +26,10 @@ class CaptureOptions:
 
     save_all: bool = True
     save_indices: frozenset[int] | None = None  # node indexes to save when not save_all
+    # Saved values are the ops' own tensors unless these say to copy: every one, or the
+    # nodes a previous run of the same pass found changed by unannounced writes.
+    copy_all: bool = False
+    copy_indices: frozenset[int] = frozenset()
     detach: bool = False
     output_device: torch.device | None = None
     postfunc: Callable[[torch.Tensor], Any] | None = None

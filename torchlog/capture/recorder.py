@@ -18,6 +18,7 @@ from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
 from torchlog.capture.profile import OpProfiler
+from torchlog.capture.writes import DATA_SET
 from torchlog.records import ParamInfo, TensorMeta
 
 __all__ = ["Recorder"]
@@ -48,13 +49,46 @@ class _TensorRef(weakref.ref):
     __slots__ = ("key", "node", "version")
 
 
-def _describe(func: Callable) -> tuple[str, bool, bool, Callable | None]:
+def _describe(func: Callable) -> tuple[str, bool, bool, Callable | None, int | None]:
     """(name, is not an op, writes into its first argument by name, guard-free body of a
-    Python functional or None); cached per function."""
-    name = name_of(func)
-    inplace = (name[-1:] == "_" and name[:1] != "_") or name in _INPLACE_DUNDERS or func is _SETITEM
+    Python functional or None, position of an `inplace` parameter or None); cached per
+    function for the process (`_DESCRIPTIONS`)."""
+    name = "set_data" if func == DATA_SET else name_of(func)  # `t.data = v`, not a `.data` read
+    inplace = (name[-1:] == "_" and name[:1] != "_") or name in _INPLACE_DUNDERS or func is _SETITEM \
+        or name == "set_data"
     # torch.autograd.grad shares its name with the Tensor.grad attribute but computes tensors.
-    return name, name in _NOT_OPS and func is not torch.autograd.grad, inplace, expandable_body(func)
+    entry = (name, name in _NOT_OPS and func is not torch.autograd.grad, inplace,
+             expandable_body(func), _inplace_parameter(func))
+    _DESCRIPTIONS[func] = entry
+    return entry
+
+
+# function -> _describe(function). A Python functional whose body ran a single op is
+# stored with no body from then on (`Recorder.collapse`): it runs as that one op.
+_DESCRIPTIONS: dict[Any, tuple] = {}
+
+
+def _inplace_parameter(func: Callable) -> int | None:
+    """Position of the `inplace` parameter of a Python function (`F.relu(x, inplace=True)`)."""
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return None
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    return names.index("inplace") if "inplace" in names else None
+
+
+def _written_tensors(args: tuple, kwargs: dict, first: bool, slot: int | None) -> list:
+    """The tensors an op announces it writes: its first argument (by name, or `inplace=True`)
+    and what it is given as `out=`."""
+    if not first and slot is not None:
+        flag = args[slot] if slot < len(args) else kwargs.get("inplace", False)
+        first = flag is True
+    target = args[0] if args else next(iter(kwargs.values()), None)  # `init.uniform_(tensor=w)`
+    found = [t for t, _ in find_tensors(target)] if first else []
+    out = kwargs.get("out")
+    if out is not None:
+        found += [t for t, _ in find_tensors(out)]
+    return found
 
 
 def _copy_containers(value: Any) -> Any:
@@ -90,6 +124,14 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
+def _storage_address(t: torch.Tensor) -> int:
+    """Address of the memory `t` lives in (shared by all its views)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, wrapper subclasses
+        return id(t)
+
+
 class Recorder:
     """Collects raw nodes for one forward pass of one model in one thread.
 
@@ -108,6 +150,9 @@ class Recorder:
         self.thread_id = threading.get_ident()
         self.module_stack: tuple[tuple[str, int], ...] = ()
         self.module_sites: tuple = ()  # where each module on the stack was called from
+        # Per module on the stack, the frame that runs its forward (torch's hook-calling
+        # frame): a call-site search that reaches it has the module's own call site as answer.
+        self.module_frames: tuple = ()
         self.module_calls: dict[str, int] = {}
         self.call_outputs: dict[tuple[str, int], list[int]] = {}  # module call -> returned nodes
         self.last_write: dict[int, int] = {}  # storage address -> last in-place op that wrote it
@@ -127,7 +172,12 @@ class Recorder:
                     self.buffer_addresses.setdefault(id(b), prefix + name)
         self._failed_op: tuple[str, tuple, tuple[int, ...]] | None = None  # (name, stack, parents)
         self._error_stack: tuple | None = None  # the deepest module stack an exception left
-        self._funcs: dict[Any, tuple] = {}  # function -> _describe(function)
+        # Saved values that are the op's own tensor (not copies), for the copy-before-write
+        # rule: storage address -> node indexes, and node index -> version when saved.
+        self._by_storage: dict[int, list[int]] = {}
+        self._saved_versions: dict[int, int] = {}
+        self._save_plain = (options.postfunc is None and options.output_device is None
+                            and options.sink is None and not options.copy_all)
         self.mode: Any = None  # the capture mode, pushed again to see inside Python functionals
         self.expanding: set = set()  # Python functionals whose body is running as a scope
         self.scope_calls: dict[str, int] = {}  # functional scope address -> calls so far
@@ -149,12 +199,13 @@ class Recorder:
     # ----- nodes -------------------------------------------------------------------
     def _new_node(self, t: torch.Tensor, kind: str, func_name: str, parents: list,
                   params: tuple, output_index: int = 0, call_id: int = -1) -> RawNode:
-        index = len(self.nodes)
+        nodes = self.nodes
+        index = len(nodes)
         node = RawNode(index, kind, func_name, parents, params, self.module_stack,
-                       output_index, call_id, TensorMeta.of(t))
-        self.nodes.append(node)
+                       output_index, call_id, TensorMeta(tuple(t.shape), t.dtype, t.nbytes))
+        nodes.append(node)
         for parent, _ in parents:
-            children = self.nodes[parent].children
+            children = nodes[parent].children
             if not children or children[-1] != index:
                 children.append(index)
         key = id(t)
@@ -164,7 +215,10 @@ class Recorder:
             ref.key = key
             self.producer[key] = ref
         ref.node = index
-        ref.version = _version(t)
+        try:
+            ref.version = t._version
+        except RuntimeError:  # inference tensors carry no version counter
+            ref.version = -1
         if self.options.on_node is not None:
             self.options.on_node(node, t)
         return node
@@ -172,12 +226,72 @@ class Recorder:
     def _maybe_save(self, node: RawNode, t: torch.Tensor) -> None:
         opts = self.options
         if opts.save_all or node.index in opts.save_indices:
-            if opts.sink is not None and opts.postfunc is None and opts.output_device is None:
-                # The sink writes the values before returning: no copy needed.
-                node.saved = opts.sink(self.nodes, node.index, t.detach())
+            # Inputs and buffers are copied: kernels change buffers unannounced (batch norm's
+            # running stats), and the model's buffers are put back in place after the pass.
+            if node.kind != "op" or id(t) in self.buffer_addresses:
+                self._save_copy(node, t)
+            else:
+                self._save(node, t)
+
+    def _save(self, node: RawNode, t: torch.Tensor) -> None:
+        """Save `t` by reference where nothing needs a copy now (see `before_write`)."""
+        opts = self.options
+        if self._save_plain:
+            try:
+                version = t._version
+            except RuntimeError:  # an inference tensor: no version counter to check later
+                node.saved = t.detach().clone()
                 return
-            saved = self._copy_for_saving(t)
-            node.saved = saved if opts.sink is None else opts.sink(self.nodes, node.index, saved)
+            saved = t.detach() if opts.detach and t.requires_grad else t
+            # A view saved alone would keep its whole base alive: copy it. (Saving every
+            # layer, the base is saved too.) Copy what an earlier run of the pass found
+            # changed by a write nothing announced.
+            if node.index in opts.copy_indices or (not opts.save_all and t._base is not None):
+                saved = saved.clone()
+            else:
+                self._reference(node.index, t, version)
+            node.saved = saved
+            return
+        if opts.sink is not None and opts.postfunc is None and opts.output_device is None:
+            # The sink writes the values before returning: no copy needed.
+            node.saved = opts.sink(self.nodes, node.index, t.detach())
+            return
+        self._save_copy(node, t)
+
+    def _reference(self, index: int, t: torch.Tensor, version: int) -> None:
+        self._saved_versions[index] = version
+        key = _storage_address(t)
+        held = self._by_storage.get(key)
+        if held is None:
+            self._by_storage[key] = [index]
+        else:
+            held.append(index)
+
+    def _save_copy(self, node: RawNode, t: torch.Tensor) -> None:
+        opts = self.options
+        saved = self._copy_for_saving(t)
+        node.saved = saved if opts.sink is None else opts.sink(self.nodes, node.index, saved)
+
+    def before_write(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Copy every saved value that shares memory with `tensors`, which are about to be
+        written in place; from then on those saved values are copies."""
+        by_storage = self._by_storage
+        for t in tensors:
+            held = by_storage.pop(_storage_address(t), None)
+            if held is None:
+                continue
+            nodes, versions = self.nodes, self._saved_versions
+            for index in held:
+                node = nodes[index]
+                node.saved = node.saved.clone()
+                del versions[index]
+
+    def stale_saves(self) -> tuple[int, ...]:
+        """Nodes whose saved value (the op's own tensor) changed after it was saved by a
+        write nothing announced: their saved values are wrong."""
+        nodes = self.nodes
+        return tuple(index for index, version in self._saved_versions.items()
+                     if _version(nodes[index].saved) != version)
 
     def _copy_for_saving(self, t: torch.Tensor) -> Any:
         """A copy of `t` that later in-place ops cannot change, post-processed and moved."""
@@ -212,10 +326,10 @@ class Recorder:
 
     # ----- per op (hot path) ---------------------------------------------------------
     def on_op(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        entry = self._funcs.get(func)
+        entry = _DESCRIPTIONS.get(func)
         if entry is None:
-            entry = self._funcs[func] = _describe(func)
-        name, not_op, writes_first_arg, body = entry
+            entry = _describe(func)
+        name, not_op, writes_first_arg, body, inplace_slot = entry
         if not_op:
             return func(*args, **kwargs)
         if body is not None and func not in self.expanding:
@@ -223,6 +337,8 @@ class Recorder:
         # Parents are found before the call: an in-place op (or batch norm updating its
         # running stats) changes its inputs, and the parents are what it read.
         parents, params = self._find_parents(args, kwargs)
+        if (writes_first_arg or inplace_slot is not None or "out" in kwargs) and self._by_storage:
+            self.before_write(_written_tensors(args, kwargs, writes_first_arg, inplace_slot))
         if self.options.save_function_args:
             self._rng_before = self._rng_state()
         token = None if self.profiler is None else self.profiler.start()
@@ -237,7 +353,7 @@ class Recorder:
         elapsed = perf_counter_ns() - t0 if token is None else self.profiler.stop(token, t0)
         if type(out) is _Tensor or isinstance(out, _Tensor):
             outs = ((out, ()),)
-        elif out is None and func is _SETITEM:
+        elif out is None and (func is _SETITEM or func == DATA_SET):  # the written tensor
             outs = ((args[0], ()),)
         elif out is None or isinstance(out, (bool, int, float, torch.Size, torch.dtype, str)):
             return out
@@ -248,6 +364,10 @@ class Recorder:
         self._record(func, name, writes_first_arg or "out" in kwargs, args, kwargs, outs, elapsed,
                      parents, params, None if token is None else self.profiler.last)
         return out
+
+    def _describe(self, func: Callable) -> tuple:
+        entry = _DESCRIPTIONS.get(func)
+        return entry if entry is not None else _describe(func)
 
     def record_call(self, func: Callable, name: str, args: tuple, kwargs: dict, out: Any,
                     parents: list, params: list, rng: torch.Tensor | None) -> Any:
@@ -262,7 +382,7 @@ class Recorder:
             if not outs:
                 return out
         self._rng_before = rng
-        self._record(func, name, self._funcs[func][2] or "out" in kwargs, args, kwargs, outs, 0,
+        self._record(func, name, self._describe(func)[2] or "out" in kwargs, args, kwargs, outs, 0,
                      parents, params)
         return out
 
@@ -285,16 +405,32 @@ class Recorder:
                                                   _copy_containers(func_args[2])), rng
 
     def collapse(self, func: Callable) -> None:
-        """Run `func` as one op from now on (its body ran one op)."""
-        self._funcs[func] = self._funcs[func][:3] + (None,)
+        """Run `func` as one op from now on, in this process (its body ran one op)."""
+        entry = self._describe(func)
+        _DESCRIPTIONS[func] = entry[:3] + (None,) + entry[4:]
 
     def _find_parents(self, args: tuple, kwargs: dict) -> tuple[list, list]:
         parents: list = []
         params: list = []
-        for path_head, value in enumerate(args):
-            self._scan(value, path_head, parents, params)
-        for key, value in kwargs.items():
-            self._scan(value, key, parents, params)
+        producer = self.producer
+        slot = 0
+        for value in args:  # `_scan` inlined for the common case: a tensor made by a logged op
+            if isinstance(value, _Tensor):
+                ref = producer.get(id(value))
+                if ref is None:
+                    self._scan(value, slot, parents, params)
+                else:
+                    try:
+                        current = ref.version == value._version
+                    except RuntimeError:  # an inference tensor: no version counter
+                        current = True
+                    parents.append((ref.node if current else self._refresh(value, ref), slot))
+            elif isinstance(value, (list, tuple, dict)):
+                self._scan(value, slot, parents, params)
+            slot += 1
+        if kwargs:
+            for key, value in kwargs.items():
+                self._scan(value, key, parents, params)
         return parents, params
 
     def _scan(self, value: Any, path: Any, parents: list, params: list) -> None:
@@ -325,7 +461,9 @@ class Recorder:
         params_t = tuple(params)
         self._call_count += 1
         call_id = self._call_count
-        site = (call_site(), self.module_sites)
+        frames = self.module_frames
+        site = (call_site(frames[-1], self.module_sites[-1]) if frames else call_site(),
+                self.module_sites)
         call_args = context = None
         if self.options.save_function_args:  # as they are now: the model may grow a list later
             call_args = (func, _copy_containers(args), _copy_containers(kwargs))
@@ -346,6 +484,8 @@ class Recorder:
                 node.grad_fn_name = type(grad_fn).__name__
             if prior is not None and not changed and prior.saved is not None and self.options.save_all:
                 node.saved = prior.saved  # an op that returned its input unchanged: store once
+                if prior.index in self._saved_versions:  # copied along with it before a write
+                    self._reference(node.index, t, self._saved_versions[prior.index])
             else:
                 self._maybe_save(node, t)
             if call_args is not None:
@@ -442,13 +582,14 @@ class Recorder:
         address = self.module_addresses.get(id(module))
         if address is None or threading.get_ident() != self.thread_id:
             return
-        self._enter(address)  # plain Python bookkeeping: no torch call to hide from the mode
-
-    def _enter(self, address: str) -> None:
+        # Plain Python bookkeeping: no torch call to hide from the mode.
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        self.module_sites = self.module_sites + (call_site(),)
+        frames = self.module_frames
+        site = call_site(frames[-1], self.module_sites[-1]) if frames else call_site()
+        self.module_sites = self.module_sites + (site,)
+        self.module_frames = frames + (sys._getframe(1),)  # torch's frame running this forward
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         address = self.module_addresses.get(id(module))
@@ -469,6 +610,7 @@ class Recorder:
         call = stack[depth]
         self.module_stack = stack[:depth]
         self.module_sites = self.module_sites[:depth]
+        self.module_frames = self.module_frames[:depth]
         returned: list[int] = []  # in the order of the returned structure
         for t, _ in find_tensors(output):
             ref = self.producer.get(id(t))
@@ -482,13 +624,20 @@ class Recorder:
     # ----- start and end ------------------------------------------------------------------
     def add_outputs(self, output: Any) -> None:
         """Add one output node per tensor the model returned."""
-        for t, path in find_tensors(output):
+        returned = find_tensors(output)
+        # Every parent before any output node: a new node becomes its tensor's producer, and
+        # a tensor returned twice (`return y, y`) must not get an output as its parent.
+        parents = []
+        for t, _ in returned:
             ref = self.producer.get(id(t))
-            parent = self._current_node(t, ref) if ref is not None else self._source_for(t)
+            parents.append(self._current_node(t, ref) if ref is not None else self._source_for(t))
+        for (t, path), parent in zip(returned, parents):
             node = self._new_node(t, "output", "output", [(parent, path)], ())
             if self.options.save_all or node.index in self.options.save_indices:
                 prior = self.nodes[parent].saved
                 node.saved = prior if prior is not None else self._copy_for_saving(t)
+                if prior is not None and parent in self._saved_versions:
+                    self._reference(node.index, t, self._saved_versions[parent])
 
     def finish(self, modules: tuple[ModuleInfo, ...], error: Exception | None) -> CapturedPass:
         """The pass as plain data for assembly; `error` is what forward raised, if it did."""
@@ -497,4 +646,5 @@ class Recorder:
             name, stack, parents = self._failed_op or (None, self._error_stack or (), ())
             failure = Failure(error, name, stack, parents)
         outputs = {call: tuple(nodes) for call, nodes in self.call_outputs.items()}
-        return CapturedPass(tuple(self.nodes), dict(self.module_calls), outputs, modules, failure)
+        return CapturedPass(tuple(self.nodes), dict(self.module_calls), outputs, modules, failure,
+                            self.stale_saves())

@@ -11,6 +11,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 
+from torchlog.capture.call_sites import mark_boundary
 from torchlog.capture.captured import CapturedPass, ModuleInfo
 from torchlog.capture.nesting import Attribute, find_tensors
 from torchlog.capture.options import CaptureOptions
@@ -89,6 +90,9 @@ def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dic
         for handle in handles:
             handle.remove()
         _active.recording = False
+
+
+mark_boundary(_run_recorded.__code__)  # call sites are searched below the model's call only
 
 
 def module_table(named_modules: list[tuple[str, nn.Module]]) -> tuple[ModuleInfo, ...]:

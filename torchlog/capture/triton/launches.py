@@ -250,6 +250,12 @@ class _Launch:
         return [i for i, (_, _, p) in enumerate(self.tensors)
                 if i not in static and (blind or p is None or p in access.untraced)]
 
+    def may_write(self) -> list[torch.Tensor]:
+        """The tensor arguments the kernel may write: its store targets and those compared."""
+        access = self.info.access
+        return [t for i, (t, _, param) in enumerate(self.tensors)
+                if param in access.written or i in self.before]
+
     def written(self) -> list[int]:
         """Indexes into `tensors` of the tensors the kernel wrote, each tensor once."""
         access = self.info.access
@@ -370,6 +376,8 @@ def _launch_and_record(kernel: Any, grid: Any, launch: Callable, *args: Any, **k
         return launch(*args, **kwargs)
     with torch._C.DisableTorchFunction():  # Triton's own torch calls are not the model's ops
         logged = _Launch(kernel, grid, args, kwargs, recorder.options.save_function_args)
+        # Kernels bump no version counter: saved values the launch may overwrite are copied now.
+        recorder.before_write(logged.may_write())
         _state.recorder = None
         start = perf_counter_ns()
         try:
