@@ -73,16 +73,21 @@ class LogResult:
 
     num_ops: int  # len(history): every recorded tensor, inputs and outputs included
     saved_bytes: int  # bytes of the saved activations, pass by pass
-    stored_bytes: int | None = None  # bytes of the distinct storages behind them (None: unknown)
+    stored_bytes: int | None = None  # bytes of the distinct storages behind them that the pass made
+    # (None: unknown); a saved tensor that shares a parameter's or an input's storage adds nothing
 
 
 @dataclass(frozen=True)
 class Logger:
-    """One way to log a pass: `run` is timed, `describe` reads the log outside the timed region."""
+    """One way to log a pass: `run` is timed, `describe` reads the log outside the timed region.
+
+    `describe` gets the log and the data pointers of the storages that existed before the
+    pass (parameters, buffers, inputs), which stored bytes leave out.
+    """
 
     name: str
     run: Callable[[torch.nn.Module, Any], Any]
-    describe: Callable[[Any], LogResult]
+    describe: Callable[[Any, set[int]], LogResult]
 
 
 @dataclass
@@ -132,13 +137,20 @@ TARGETS: dict[str, Any] = {
 }
 
 
-def _distinct_storage_bytes(tensors: list[Any]) -> int:
+def _distinct_storage_bytes(tensors: list[Any], existing: set[int]) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+            if storage.data_ptr() not in existing:
+                seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def existing_storages(model: torch.nn.Module, inputs: Any) -> set[int]:
+    """Data pointers of the model's parameters and buffers and of the input tensors."""
+    tensors = [*model.parameters(), *model.buffers(), *(inputs if isinstance(inputs, tuple) else (inputs,))]
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
 
 
 def _torchlog_run(model: torch.nn.Module, inputs: Any) -> Any:
@@ -147,9 +159,9 @@ def _torchlog_run(model: torch.nn.Module, inputs: Any) -> Any:
     return torchlog.log_forward_pass(model, inputs, layers_to_save="all")
 
 
-def _torchlog_describe(history: Any) -> LogResult:
+def _torchlog_describe(history: Any, existing: set[int]) -> LogResult:
     saved = [p.saved for p in history]
-    return LogResult(len(history), history.num_saved_bytes, _distinct_storage_bytes(saved))
+    return LogResult(len(history), history.num_saved_bytes, _distinct_storage_bytes(saved, existing))
 
 
 TORCHLOG = Logger("torchlog", _torchlog_run, _torchlog_describe)
@@ -243,7 +255,7 @@ def time_case(case: BenchCase, log: Logger, repeats: int | None = None,
                 plain_times.append(_timed(plain_run, plain_number)[0])
             elapsed, history = _timed(log_run, log_number)
             if k == 0:
-                result = log.describe(history)
+                result = log.describe(history, existing_storages(model, inputs))
             del history  # freed outside the timed region, before the next sample
             log_times.append(elapsed)
     plain = plain_s if plain_s is not None else _median_after_warmup(plain_times)
@@ -293,7 +305,7 @@ def memory_child(case: BenchCase, log: Logger, mode: str) -> dict:
     """
     warm_model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     with torch.no_grad():
-        log.describe(log.run(warm_model, torch.ones(1, 4)))  # lazy imports and caches count in both modes
+        log.describe(log.run(warm_model, torch.ones(1, 4)), set())  # lazy imports and caches count in both
         model, inputs = case.build(), case.make_input()
         _forward(model, inputs)
         _forward(model, inputs)
@@ -310,7 +322,7 @@ def memory_child(case: BenchCase, log: Logger, mode: str) -> dict:
         peak = _peak_rss_bytes()
         gc.collect()
         held = _rss_bytes() - start
-        report = {"growth_bytes": peak - start, "held_bytes": held, **asdict(log.describe(history))}
+        report = {"growth_bytes": peak - start, "held_bytes": held, **asdict(log.describe(history, existing_storages(model, inputs)))}
         del history
     return report
 

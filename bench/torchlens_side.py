@@ -32,7 +32,7 @@ def _trace(model: torch.nn.Module, inputs: Any) -> Any:
     return torchlens.trace(model, inputs)  # saves every layer and renders nothing by default
 
 
-def _describe(trace: Any) -> LogResult:
+def _describe(trace: Any, existing: set[int]) -> LogResult:
     return LogResult(len(trace), int(trace.saved_activation_memory))
 
 
