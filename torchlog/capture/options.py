@@ -37,6 +37,12 @@ class CaptureOptions:
     # Takes each activation as it is saved; the node keeps what it returns instead (a
     # LazyTensor when torchlog.storage streams to disk).
     sink: ActivationSink | None = None
+    # For a sink that writes later (a background thread): `sink_settle(index)` returns once
+    # the value handed over for node `index` is written or copied, as it is about to be
+    # written in place; `sink_settle(None)` once every value is. `sink_stale()` then lists
+    # the nodes whose tensors changed between hand-over and write (version counters).
+    sink_settle: Callable[[int | None], None] | None = None
+    sink_stale: Callable[[], list[int]] | None = None
     # Context-manager factories entered around the forward pass with the recorder, for
     # op sources outside torch functions (Triton kernel launches).
     plugins: tuple[Plugin, ...] = ()

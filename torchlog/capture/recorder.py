@@ -253,8 +253,16 @@ class Recorder:
             node.saved = saved
             return
         if opts.sink is not None and opts.postfunc is None and opts.output_device is None:
-            # The sink writes the values before returning: no copy needed.
+            # No copy: the sink writes the value before returning, or (a sink with
+            # `sink_settle`) writes it later, settled before any write into its memory.
             node.saved = opts.sink(self.nodes, node.index, t.detach())
+            if opts.sink_settle is not None:
+                key = _storage_address(t)
+                held = self._by_storage.get(key)
+                if held is None:
+                    self._by_storage[key] = [node.index]
+                else:
+                    held.append(node.index)
             return
         self._save_copy(node, t)
 
@@ -282,6 +290,9 @@ class Recorder:
                 continue
             nodes, versions = self.nodes, self._saved_versions
             for index in held:
+                if index not in versions:  # handed to a sink that writes later
+                    self.options.sink_settle(index)
+                    continue
                 node = nodes[index]
                 node.saved = node.saved.clone()
                 del versions[index]
@@ -289,9 +300,13 @@ class Recorder:
     def stale_saves(self) -> tuple[int, ...]:
         """Nodes whose saved value (the op's own tensor) changed after it was saved by a
         write nothing announced: their saved values are wrong."""
-        nodes = self.nodes
-        return tuple(index for index, version in self._saved_versions.items()
-                     if _version(nodes[index].saved) != version)
+        nodes, opts = self.nodes, self.options
+        stale = [index for index, version in self._saved_versions.items()
+                 if _version(nodes[index].saved) != version]
+        if opts.sink_settle is not None:
+            opts.sink_settle(None)  # every value written
+            stale += opts.sink_stale()
+        return tuple(sorted(stale))
 
     def _copy_for_saving(self, t: torch.Tensor) -> Any:
         """A copy of `t` that later in-place ops cannot change, post-processed and moved."""
