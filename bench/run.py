@@ -1,6 +1,7 @@
 """Benchmark: what logging every op costs over a plain forward pass, in time and memory.
 
-Run `.venv/bin/python bench/run.py --threads 1 --clock cpu` (add `--quick` for a smoke
+Run `.venv/bin/python bench/run.py --threads 1 --clock cpu` (`--device cuda` on a GPU machine:
+only ResNet-50 and GPT-2 with 12 layers, bench/cuda_bench.py; add `--quick` for a smoke
 run of a few seconds, `--json PATH` to keep the figures, `--torchlens-python PATH` for a
 TorchLens venv elsewhere). For each model it prints the plain forward time, the
 `log_forward_pass` time with every layer saved and no rendering, their ratio,
@@ -430,6 +431,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or this process's CPU time (steadier on a busy machine)")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write every figure to PATH as JSON")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: only ResNet-50 and GPT-2 (12 layers, hidden 768) on the GPU, "
+                             "logged keeping values there and copying them to the CPU (bench/cuda_bench.py)")
     parser.add_argument("--memory-child", metavar="CASE", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=("plain", "log"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -490,6 +494,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(memory_child(case_named(args.memory_child, args.quick), TORCHLOG, args.mode)))
         return 0
     setting = _setting(args)
+    if args.device == "cuda":
+        from cuda_bench import format_cuda, measure_cuda  # noqa: PLC0415  (bench/ is on sys.path)
+
+        rows = measure_cuda(args.repeats or 11)
+        print(format_cuda(rows))
+        if args.json:
+            args.json.write_text(json.dumps({"setting": setting, "cuda": rows}, indent=1) + "\n")
+        return 0
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     child = None if args.no_memory or not can_measure_memory() else [sys.executable, __file__] + child_flags(args)
     say("  torchlog: fixed costs per call ...")

@@ -99,7 +99,9 @@ class PassRecord(_WeaklyReferable):
     is_inplace: bool = False  # the op wrote into an existing tensor
     buffer_address: str | None = None  # buffers: 'bn.running_mean'; inputs: where passed, 'args[0]'
     func_args: Any = None  # (args, kwargs) with tensors replaced, when save_function_args
-    rng_state: torch.Tensor | None = None  # CPU RNG state before the op, when save_function_args
+    # RNG state before the op, when save_function_args: the CPU state, or for an op on CUDA
+    # (cpu_state, device_index, cuda_state) (capture/rng.py)
+    rng_state: torch.Tensor | tuple | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. Triton grid and constexprs
     call_site: str | None = None  # 'file.py:42 in forward': the user code that ran the op
     grad_saved: Any = None  # gradient of the loss w.r.t. this output: a tensor, a LazyTensor, or None

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchlog.capture.call_sites import call_site, mark_user_code
+from torchlog.capture.rng import rng_state
 
 if TYPE_CHECKING:  # the recorder imports this module
     from torchlog.capture.recorder import Recorder
@@ -61,7 +62,7 @@ def run_expanded(recorder: Recorder, func: Callable, name: str, body: Callable,
                  args: tuple, kwargs: dict) -> Any:
     """Run `body` (func's guard-free copy) with the mode on, as one scope of `recorder`."""
     parents, params = recorder._find_parents(args, kwargs)  # what a one-op record would list
-    rng = recorder._rng_state() if recorder.options.save_function_args else None
+    rng = rng_state(recorder._rng_before, args, kwargs) if recorder.options.save_function_args else None
     frames = recorder.module_frames
     site = (call_site(frames[-1], recorder.module_sites[-1]) if frames else call_site(),
             recorder.module_sites)

@@ -47,7 +47,7 @@ class RawNode:
         self.output_of: list[tuple[str, int]] = []  # module calls that returned this tensor
         self.address: str | None = None  # buffer or input name
         self.func_args: Any = None
-        self.rng_state: torch.Tensor | None = None
+        self.rng_state: torch.Tensor | tuple | None = None  # capture/rng.py
         self.extra: dict | None = None
         # (call site of the op, call sites of its enclosing modules); each (code, offset, line)
         self.site: tuple | None = None

@@ -9,6 +9,7 @@ import torch
 
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY
+from torchlog.capture.rng import rng_restored
 from torchlog.capture.writes import returns_nothing_but_writes
 from torchlog.records import PassRecord
 
@@ -37,7 +38,7 @@ def rerun(record: PassRecord, values: dict[str, Any],
             source = swap[1] if swap is not None and swap[0] == edge.label else values[edge.label]
             clones[edge.label] = source.clone()
         _put(slots, edge.arg, clones[edge.label])
-    with op_context(record.extra.get(OP_CONTEXT_KEY)), _rng(record.rng_state):
+    with op_context(record.extra.get(OP_CONTEXT_KEY)), rng_restored(record.rng_state):
         out = func(*slots["args"], **slots["kwargs"])
     if returns_nothing_but_writes(func):  # `t[i] = v`, `t.data = v`: the result is `t`
         return [slots["args"][0]]
@@ -89,20 +90,6 @@ def op_context(context: dict | None) -> Iterator[None]:
         for device, dtype in context.get("autocast", {}).items():
             stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
         yield
-
-
-@contextlib.contextmanager
-def _rng(state: torch.Tensor | None) -> Iterator[None]:
-    """Run with the CPU RNG in `state` (as before the recorded op), then put it back."""
-    if state is None:
-        yield
-        return
-    before = torch.get_rng_state()
-    torch.set_rng_state(state)
-    try:
-        yield
-    finally:
-        torch.set_rng_state(before)
 
 
 def perturbed(t: torch.Tensor, generator: torch.Generator, scale: float = 1.0) -> torch.Tensor | None:
