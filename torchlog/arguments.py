@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,9 @@ def _plugins() -> tuple:
 
 def _check_not_meta(named_modules: list) -> None:
     for address, module in named_modules:
+        if not any(t is not None and t.is_meta
+                   for t in (*module._parameters.values(), *module._buffers.values())):
+            continue
         tensors = list(module._parameters.items()) + list(module._buffers.items())
         for name, tensor in ((f"{address}.{n}" if address else n, t) for n, t in tensors):
             if tensor is None or not tensor.is_meta:
@@ -83,11 +87,28 @@ def _check_not_meta(named_modules: list) -> None:
                 "materialise the model first (model.to_empty(device='cpu') and load weights)")
 
 
+# forward function -> its signature as a bound method (self left out); read once per
+# function, not per call: inspect.signature costs more than logging a small model.
+_signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _forward_signature(model: nn.Module) -> inspect.Signature | None:
+    forward = model.forward
+    func = getattr(forward, "__func__", None)
+    signature = _signatures.get(func) if func is not None else None
+    if signature is None:
+        try:
+            signature = inspect.signature(forward)
+        except (TypeError, ValueError):  # builtins or C extensions: nothing to inspect
+            return None
+        if func is not None:
+            _signatures[func] = signature
+    return signature
+
+
 def _forward_params(model: nn.Module) -> list[inspect.Parameter] | None:
-    try:
-        return list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):  # builtins or C extensions: nothing to inspect
-        return None
+    signature = _forward_signature(model)
+    return None if signature is None else list(signature.parameters.values())
 
 
 def positional_args(model: nn.Module, input_args: Any) -> tuple:
@@ -107,11 +128,12 @@ def positional_args(model: nn.Module, input_args: Any) -> tuple:
 
 
 def _check_binds(model: nn.Module, args: tuple, kwargs: dict) -> None:
-    params = _forward_params(model)
-    if params is None:
+    signature = _forward_signature(model)
+    if signature is None:
         return
+    params = list(signature.parameters.values())
     try:
-        inspect.signature(model.forward).bind(*args, **kwargs)
+        signature.bind(*args, **kwargs)
     except TypeError as exc:
         names = ", ".join(p.name for p in params) or "no arguments"
         raise ModelInputError(

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchlog.capture.captured import CapturedPass
 from torchlog.capture.nodes import RawNode
 from torchlog.labels import layer_label, layer_type_of, pass_label
 from torchlog.loops import group_into_layers
-from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParentEdge, PassRecord, PassSpan
+from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParentEdge, PassRecord
 
 _KINDS = {kind.value: kind for kind in NodeKind}  # a raw node's kind -> the record's
 _SOURCE_TYPES = {"input": "input", "output": "output", "buffer": "buffer", "source": "tensor"}
@@ -37,11 +36,7 @@ def assemble(captured: CapturedPass) -> Assembled:
     module_texts: dict[int, tuple[str, ...]] = {}  # consecutive ops share one module path
     site_texts: dict[tuple, str | None] = {}
     passes = [_pass_record(node, labels, module_texts, site_texts) for node in nodes]
-    layer_of = [0] * len(nodes)
-    for number, members in enumerate(groups):
-        for index in members:
-            layer_of[index] = number
-    layers = [_layer_record(members, passes, nodes, labels, layer_of) for members in groups]
+    layers = [_layer_record(members, passes) for members in groups]
     modules = _module_records(captured, labels)
     return Assembled(passes, layers, modules)
 
@@ -68,7 +63,8 @@ def _pass_record(node: RawNode, labels: list, module_texts: dict[int, tuple[str,
     path = node.module_path
     containing = module_texts.get(id(path))
     if containing is None:  # the path tuples live as long as the nodes: ids stay unique
-        containing = module_texts[id(path)] = tuple(f"{a}:{c}" for a, c in reversed(path))
+        containing = module_texts[id(path)] = tuple([_call_text(call, module_texts)
+                                                     for call in reversed(path)])
     kind = node.kind
     site = node.site
     innermost = site[0] if site is not None else None
@@ -92,37 +88,17 @@ def _pass_record(node: RawNode, labels: list, module_texts: dict[int, tuple[str,
     )
 
 
-def _layer_record(members: list[int], passes: list[PassRecord], nodes: Sequence[RawNode],
-                  labels: list, layer_of: list[int]) -> LayerRecord:
-    layer_passes = tuple([passes[i] for i in members])
-    parent_links: dict[str, tuple[list[int], list[int]]] = {}
-    child_links: dict[str, tuple[list[int], list[int]]] = {}
-    for index in members:
-        pass_num = labels[index][3]
-        parents = nodes[index].parents
-        distinct = [p for p, _ in parents] if len(parents) < 2 else dict.fromkeys(p for p, _ in parents)
-        for parent in distinct:  # each distinct parent once, in argument order (`x + x`)
-            parent_label = labels[parent]
-            span = parent_links.get(parent_label[1])
-            if span is None:
-                span = parent_links[parent_label[1]] = ([], [])
-            span[0].append(parent_label[3])
-            span[1].append(pass_num)
-        for child in nodes[index].children:
-            child_label = labels[child]
-            span = child_links.get(child_label[1])
-            if span is None:
-                span = child_links[child_label[1]] = ([], [])
-            span[0].append(pass_num)
-            span[1].append(child_label[3])
-    first = layer_passes[0]
-    return LayerRecord(
-        label=first.layer_label,
-        layer_type=first.layer_type,
-        passes=layer_passes,
-        parent_layers={k: PassSpan(tuple(a), tuple(b)) for k, (a, b) in parent_links.items()},
-        child_layers={k: PassSpan(tuple(a), tuple(b)) for k, (a, b) in child_links.items()},
-    )
+def _call_text(call: tuple[str, int], texts: dict) -> str:
+    """'address:call' of one module call, made once per call."""
+    text = texts.get(call)
+    if text is None:
+        text = texts[call] = f"{call[0]}:{call[1]}"
+    return text
+
+
+def _layer_record(members: list[int], passes: list[PassRecord]) -> LayerRecord:
+    first = passes[members[0]]  # links to other layers are worked out when first read
+    return LayerRecord(first.layer_label, first.layer_type, tuple([passes[i] for i in members]))
 
 
 def _module_records(captured: CapturedPass, labels: list) -> dict[str, ModuleRecord]:

@@ -1,7 +1,6 @@
 """The keys that find a pass or layer of a history, and each pass's keys and position back."""
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 
 from torchlog.errors import closest_matches
@@ -136,16 +135,14 @@ def _safe_split(key: str) -> tuple[str, int | None]:
         return key, None
 
 
-# The index of the history each pass belongs to, so that `print(history[label])` can show
-# the pass's position and keys. Weak keys: an entry lives exactly as long as its pass.
-_INDEX_OF: weakref.WeakKeyDictionary[PassRecord, KeyIndex] = weakref.WeakKeyDictionary()
-
-
 def claim(passes: Iterable[PassRecord], index: KeyIndex) -> None:
-    """Record that `passes` belong to the history `index` describes (the latest claim wins)."""
-    _INDEX_OF.update((record, index) for record in passes)
+    """Record that `passes` belong to the history `index` describes (the latest claim wins),
+    so that `print(history[label])` can show the pass's position and keys. Each pass holds
+    the index (strings only), which never holds a pass: nothing keeps a history alive."""
+    for record in passes:
+        record._key_index = index
 
 
 def index_of(record: PassRecord) -> KeyIndex | None:
     """The index of the history `record` was last placed in, or None if it never was."""
-    return _INDEX_OF.get(record)
+    return getattr(record, "_key_index", None)

@@ -28,8 +28,10 @@ class LogOptions:
     Every field is also a keyword of `log_forward_pass`, under the same (TorchLens) name;
     keywords override the fields of an `options` object given with them.
 
-    `random_seed` seeds every global RNG for the pass; the RNG states are restored
-    afterwards. With `on_error='raise'` the model's exception is re-raised with the partial
+    `random_seed` seeds every global RNG for the pass (torch's, Python's and numpy's); the
+    RNG states are restored afterwards. Without it a seed is drawn for torch and Python's
+    `random` (history.info.random_seed), and numpy's global RNG is left alone: give a seed
+    to reproduce numpy draws made in forward. With `on_error='raise'` the model's exception is re-raised with the partial
     history attached as `exc.torchlog_history`; 'return' returns the partial history.
     `save_gradients` hooks every tensor that requires grad, so that a later `backward()`
     from a saved tensor (or `history.log_backward(loss)`) fills each pass's

@@ -69,9 +69,10 @@ class ParentEdge(NamedTuple):
 
 
 class _WeaklyReferable:
-    """Lets a slotted record be a key of a weak side table (see torchlog.lookup)."""
+    """Lets a slotted record be weakly referenced and name its history's key index
+    (`_key_index`, see torchlog.lookup.claim)."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "_key_index")
 
 
 @dataclass(slots=True, eq=False)
@@ -200,15 +201,39 @@ class PassSpan(NamedTuple):
     child_passes: tuple[int, ...]
 
 
-@dataclass(slots=True, eq=False)
 class LayerRecord:
-    """A layer with all its passes (a rolled node of the graph)."""
+    """A layer with all its passes (a rolled node of the graph).
 
-    label: str  # 'linear_1_1'
-    layer_type: str
-    passes: tuple[PassRecord, ...]  # in execution order, pass 1 first
-    parent_layers: dict[str, PassSpan]  # parent layer -> passes linked
-    child_layers: dict[str, PassSpan]  # child layer -> passes linked
+    `parent_layers` and `child_layers` (layer -> passes linked) are worked out from the
+    passes' labels when first read, unless given: most code never reads them.
+    """
+
+    __slots__ = ("label", "layer_type", "passes", "_parent_layers", "_child_layers")
+
+    def __init__(self, label: str, layer_type: str, passes: tuple[PassRecord, ...],
+                 parent_layers: dict[str, PassSpan] | None = None,
+                 child_layers: dict[str, PassSpan] | None = None) -> None:
+        self.label = label  # 'linear_1_1'
+        self.layer_type = layer_type
+        self.passes = passes  # in execution order, pass 1 first
+        self._parent_layers = parent_layers
+        self._child_layers = child_layers
+
+    @property
+    def parent_layers(self) -> dict[str, PassSpan]:
+        """Parent layer -> (its passes, this layer's passes) for each link, in pass order."""
+        if self._parent_layers is None:
+            self._parent_layers = _links(((record.parent_labels, record.pass_num)
+                                          for record in self.passes), parents=True)
+        return self._parent_layers
+
+    @property
+    def child_layers(self) -> dict[str, PassSpan]:
+        """Child layer -> (this layer's passes, its passes) for each link, in pass order."""
+        if self._child_layers is None:
+            self._child_layers = _links(((record.children, record.pass_num)
+                                         for record in self.passes), parents=False)
+        return self._child_layers
 
     @property
     def num_passes(self) -> int:
@@ -246,6 +271,21 @@ class LayerRecord:
         from torchlog.display import format_layer
 
         return format_layer(self)
+
+
+def _links(linked: Any, parents: bool) -> dict[str, PassSpan]:
+    """Layer -> PassSpan from (labels of linked passes, own pass number) per pass."""
+    spans: dict[str, tuple[list[int], list[int]]] = {}
+    for labels, own in linked:
+        for label in labels:
+            base, sep, tail = label.rpartition(":")
+            layer, other = (base, int(tail)) if sep else (label, 1)
+            span = spans.get(layer)
+            if span is None:
+                span = spans[layer] = ([], [])
+            span[0].append(other if parents else own)
+            span[1].append(own if parents else other)
+    return {layer: PassSpan(tuple(a), tuple(b)) for layer, (a, b) in spans.items()}
 
 
 @dataclass(slots=True, eq=False)

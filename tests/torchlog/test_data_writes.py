@@ -51,3 +51,33 @@ def test_reads_after_a_data_set_depend_on_the_write_and_the_loop_folds() -> None
 def test_a_data_set_replays() -> None:
     torch.manual_seed(0)
     assert torchlog.validate_saved_activations(DataSetInALoop(), torch.rand(2, 4), random_seed=0)
+
+
+class _AliasWrites(nn.Module):
+    """Writes through the `.data` alias, which has a version counter of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("b", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b + x
+        y.data.add_(1)
+        z = y * 2
+        y.data.copy_(x * 5)
+        return z + y
+
+
+def test_writes_through_a_data_alias_are_seen_by_later_reads() -> None:
+    x = torch.arange(3.0)
+    history = torchlog.log_forward_pass(_AliasWrites(), x, random_seed=0)
+    torchlog.lint(history)
+    mul = next(p for p in history if p.func_name == "mul")
+    (parent,) = mul.parent_labels
+    assert history[parent].func_name == "add_", "z = y * 2 must read y as written by y.data.add_"
+    assert torch.equal(history[parent].tensor_contents, x + 1)
+    last = next(p for p in reversed(list(history)) if p.func_name == "add")
+    written = [history[label] for label in last.parent_labels]
+    assert any(p.func_name == "copy_" and torch.equal(p.tensor_contents, x * 5) for p in written)
+    assert torch.equal(history[-1].tensor_contents, (x + 1) * 2 + x * 5)
+    assert torchlog.validate_saved_activations(_AliasWrites(), x, random_seed=0)

@@ -157,3 +157,26 @@ def test_a_triton_kernel_writing_into_a_saved_tensor() -> None:
     history = torchlog.log_forward_pass(Zeroed(), x, random_seed=0)
     assert torch.equal(history["mul_1_1"].tensor_contents, x * 2)
     assert torch.equal(history[-1].tensor_contents, torch.ones_like(x))
+
+
+def test_a_value_sharing_a_buffers_memory_is_copied() -> None:
+    """A view of a buffer, or a write through `buf.data`, shares the buffer's memory, which
+    is put back in place after the pass: the saved value is a copy, as it was then."""
+
+    class Stats(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", torch.zeros(4))
+
+        def forward(self, x):
+            self.buf.add_(x)
+            view = self.buf[1:]
+            self.buf.data.copy_(x * 3)
+            return view * 1
+
+    x = torch.arange(4.0) + 1
+    history = torchlog.log_forward_pass(Stats(), x, random_seed=0)
+    assert torch.equal(history["getitem_1_3"].tensor_contents, x[1:])
+    assert torch.equal(history[-1].tensor_contents, (x * 3)[1:])
+    copied = [p for p in history if p.func_name == "copy_"]
+    assert copied and torch.equal(copied[0].tensor_contents, x * 3)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from torchlog.capture.nodes import RawNode
 
@@ -19,9 +20,9 @@ class Failure:
     parent_nodes: tuple[int, ...]  # nodes the failing op received; () when Python code raised
 
 
-@dataclass(frozen=True, slots=True)
-class ModuleInfo:
-    """One submodule of the logged model, as it was when the pass ended."""
+class ModuleInfo(NamedTuple):
+    """One submodule of the logged model, as it was when the pass ended (a named tuple:
+    one is made per submodule per call, and they are cheap)."""
 
     address: str  # e.g. 'features.3'
     type_name: str  # the class name, e.g. 'Conv2d'

@@ -18,6 +18,8 @@ from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
 from torchlog.capture.profile import OpProfiler
+from torchlog.capture.rng import rng_state
+from torchlog.capture.transfer import DeviceCopier
 from torchlog.capture.writes import DATA_SET
 from torchlog.records import ParamInfo, TensorMeta
 
@@ -41,6 +43,12 @@ _INPLACE_DUNDERS = frozenset(
     f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
                             "and", "or", "xor", "lshift", "rshift")
 )
+
+
+# _TensorRef.version of a tensor whose `.data` alias was taken: writes through the alias
+# bump another version counter, so each read checks the storage's last write instead.
+_WATCHED = -2
+_DATA_GET = torch._C.TensorBase.__dict__["data"].__get__
 
 
 class _TensorRef(weakref.ref):
@@ -158,18 +166,26 @@ class Recorder:
         self.last_write: dict[int, int] = {}  # storage address -> last in-place op that wrote it
         # One walk of the model, reused after the pass.
         self.named_modules = named_modules if named_modules is not None else list(model.named_modules())
-        self.module_addresses = {id(m): a for a, m in self.named_modules if a}
-        self.param_info: dict[int, ParamInfo] = {}
-        self.buffer_addresses: dict[int, str] = {}
-        for address, module in self.named_modules:
+        self._buffer_storages: set[int] = set()  # memory the model's buffers live in
+        self.module_addresses = module_addresses = {}
+        # id -> the parameter's address, made a ParamInfo when an op first uses it
+        self.param_info: dict[int, str | ParamInfo] = {}
+        param_info = self.param_info
+        self.buffer_addresses = buffer_addresses = {}
+        for address, module in self.named_modules:  # one lean loop: it runs on every call
+            if address:
+                module_addresses[id(module)] = address
+            params, buffers = module._parameters, module._buffers
+            if not params and not buffers:
+                continue
             prefix = f"{address}." if address else ""
-            for name, p in module._parameters.items():
-                if p is not None and id(p) not in self.param_info:  # shared: first name wins
-                    self.param_info[id(p)] = ParamInfo(prefix + name, tuple(p.shape), p.numel(),
-                                                       p.numel() * p.element_size())
-            for name, b in module._buffers.items():
-                if b is not None:
-                    self.buffer_addresses.setdefault(id(b), prefix + name)
+            for name, p in params.items():
+                if p is not None and id(p) not in param_info:  # shared: first name wins
+                    param_info[id(p)] = prefix + name
+            for name, b in buffers.items():
+                if b is not None and id(b) not in buffer_addresses:
+                    buffer_addresses[id(b)] = prefix + name
+                    self._buffer_storages.add(_storage_address(b))
         self._failed_op: tuple[str, tuple, tuple[int, ...]] | None = None  # (name, stack, parents)
         self._error_stack: tuple | None = None  # the deepest module stack an exception left
         # Saved values that are the op's own tensor (not copies), for the copy-before-write
@@ -178,13 +194,16 @@ class Recorder:
         self._saved_versions: dict[int, int] = {}
         self._save_plain = (options.postfunc is None and options.output_device is None
                             and options.sink is None and not options.copy_all)
+        self._lean = not options.save_function_args and not options.profile
         self.mode: Any = None  # the capture mode, pushed again to see inside Python functionals
         self.expanding: set = set()  # Python functionals whose body is running as a scope
         self.scope_calls: dict[str, int] = {}  # functional scope address -> calls so far
         self._call_count = 0
         self._forget = self._make_forget()
-        self._rng_before: torch.Tensor | None = None  # CPU RNG state before the current op
+        self._rng_before: Any = None  # RNG state before the current op (capture/rng.py)
         self.profiler = OpProfiler(self.named_modules) if options.profile else None
+        # Moves saved copies to output_device; from CUDA to the CPU asynchronously.
+        self._copier = DeviceCopier(options.output_device) if options.output_device is not None else None
 
     def _make_forget(self) -> Callable[[_TensorRef], None]:
         producer = self.producer
@@ -243,13 +262,16 @@ class Recorder:
                 node.saved = t.detach().clone()
                 return
             saved = t.detach() if opts.detach and t.requires_grad else t
-            # A view saved alone would keep its whole base alive: copy it. (Saving every
-            # layer, the base is saved too.) Copy what an earlier run of the pass found
-            # changed by a write nothing announced.
-            if node.index in opts.copy_indices or (not opts.save_all and t._base is not None):
+            key = _storage_address(t)
+            # Copied: memory of a buffer (restored in place after the pass), a view saved
+            # alone (it would keep its whole base alive; saving every layer, the base is
+            # saved too), and what an earlier run of the pass found changed by a write
+            # nothing announced.
+            if (key in self._buffer_storages or node.index in opts.copy_indices
+                    or (not opts.save_all and t._base is not None)):
                 saved = saved.clone()
             else:
-                self._reference(node.index, t, version)
+                self._reference(node.index, t, version, key)
             node.saved = saved
             return
         if opts.sink is not None and opts.postfunc is None and opts.output_device is None:
@@ -266,9 +288,10 @@ class Recorder:
             return
         self._save_copy(node, t)
 
-    def _reference(self, index: int, t: torch.Tensor, version: int) -> None:
+    def _reference(self, index: int, t: torch.Tensor, version: int, key: int | None = None) -> None:
         self._saved_versions[index] = version
-        key = _storage_address(t)
+        if key is None:
+            key = _storage_address(t)
         held = self._by_storage.get(key)
         if held is None:
             self._by_storage[key] = [index]
@@ -283,6 +306,8 @@ class Recorder:
     def before_write(self, tensors: Iterable[torch.Tensor]) -> None:
         """Copy every saved value that shares memory with `tensors`, which are about to be
         written in place; from then on those saved values are copies."""
+        if self._copier is not None and tensors:  # copies still reading them land first
+            self._copier.before_write()
         by_storage = self._by_storage
         for t in tensors:
             held = by_storage.pop(_storage_address(t), None)
@@ -323,7 +348,11 @@ class Recorder:
             return result
         src = t.detach() if opts.detach else t
         if opts.output_device is not None and t.device != opts.output_device:
-            return src.to(opts.output_device, copy=True)
+            # A buffer is saved just before the op that may update it unannounced (batch norm).
+            copy = self._copier.copy(src, write_follows=id(t) in self.buffer_addresses)
+            if opts.sink is not None:  # the sink reads it now
+                self._copier.wait(-1)
+            return copy
         return src.clone()
 
     def add_source(self, t: torch.Tensor, kind: str, address: str | None = None) -> RawNode:
@@ -352,10 +381,27 @@ class Recorder:
         # Parents are found before the call: an in-place op (or batch norm updating its
         # running stats) changes its inputs, and the parents are what it read.
         parents, params = self._find_parents(args, kwargs)
-        if (writes_first_arg or inplace_slot is not None or "out" in kwargs) and self._by_storage:
+        if (writes_first_arg or inplace_slot is not None or "out" in kwargs) and (
+                self._by_storage or self._copier is not None):
             self.before_write(_written_tensors(args, kwargs, writes_first_arg, inplace_slot))
+        if self._lean:  # the common case, in one go: no argument copies, no profiler
+            t0 = perf_counter_ns()
+            try:
+                out = func(*args, **kwargs)
+            except BaseException:
+                self._note_failure(name, parents)
+                raise
+            elapsed = perf_counter_ns() - t0
+            if type(out) is _Tensor:
+                self._record_one(out, name, writes_first_arg or "out" in kwargs, elapsed,
+                                 parents, params)
+                if name == "data" and func == _DATA_GET:
+                    self._watch(args[0])
+                return out
+            return self._record_result(func, name, writes_first_arg, args, kwargs, out, elapsed,
+                                       parents, params, None)
         if self.options.save_function_args:
-            self._rng_before = self._rng_state()
+            self._rng_before = self._rng_state(args, kwargs)
         token = None if self.profiler is None else self.profiler.start()
         t0 = perf_counter_ns()
         try:
@@ -366,7 +412,23 @@ class Recorder:
             self._note_failure(name, parents)
             raise
         elapsed = perf_counter_ns() - t0 if token is None else self.profiler.stop(token, t0)
-        if type(out) is _Tensor or isinstance(out, _Tensor):
+        self._record_result(func, name, writes_first_arg, args, kwargs, out, elapsed,
+                            parents, params, None if token is None else self.profiler.last)
+        if name == "data" and func == _DATA_GET:
+            self._watch(args[0])
+        return out
+
+    def _watch(self, t: Any) -> None:
+        """`t.data` was taken: reads of `t` from now on look for writes through the alias."""
+        ref = self.producer.get(id(t)) if isinstance(t, _Tensor) else None
+        if ref is not None:
+            ref.version = _WATCHED
+
+    def _record_result(self, func: Callable, name: str, writes_first_arg: bool, args: tuple,
+                       kwargs: dict, out: Any, elapsed: int, parents: list, params: list,
+                       cost: tuple[int, int | None] | None) -> Any:
+        """Record the tensors in what an op returned (none: nothing is recorded); return `out`."""
+        if isinstance(out, _Tensor):
             outs = ((out, ()),)
         elif out is None and (func is _SETITEM or func == DATA_SET):  # the written tensor
             outs = ((args[0], ()),)
@@ -377,8 +439,62 @@ class Recorder:
             if not outs:
                 return out
         self._record(func, name, writes_first_arg or "out" in kwargs, args, kwargs, outs, elapsed,
-                     parents, params, None if token is None else self.profiler.last)
+                     parents, params, cost)
         return out
+
+    def _record_one(self, t: torch.Tensor, name: str, name_inplace: bool, elapsed: int,
+                    parents: list, params: list) -> None:
+        """`_record` and `_new_node` for the usual op: one plain tensor out, no argument copies."""
+        self._call_count += 1
+        frames = self.module_frames
+        site = (call_site(frames[-1], self.module_sites[-1]) if frames else call_site(),
+                self.module_sites)
+        nodes, producer = self.nodes, self.producer
+        index = len(nodes)
+        key = id(t)
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors carry no version counter
+            version = -1
+        ref = producer.get(key)
+        prior = None
+        changed = False
+        if ref is None:
+            ref = _TensorRef(t, self._forget)
+            ref.key = key
+            producer[key] = ref
+        else:
+            prior = nodes[ref.node]
+            changed = name_inplace or ref.version not in (version, _WATCHED)
+        node = RawNode(index, "op", name, parents, tuple(params) if params else (), self.module_stack,
+                       0, self._call_count, TensorMeta(tuple(t.shape), t.dtype, t.nbytes))
+        nodes.append(node)
+        for parent, _ in parents:
+            children = nodes[parent].children
+            if not children or children[-1] != index:
+                children.append(index)
+        ref.node = index
+        ref.version = version
+        node.elapsed_ns = elapsed
+        node.site = site
+        grad_fn = t.grad_fn
+        if grad_fn is not None:
+            node.grad_fn_name = type(grad_fn).__name__
+        opts = self.options
+        if opts.on_node is not None:
+            opts.on_node(node, t)
+        if opts.save_all or index in opts.save_indices:
+            if prior is not None and not changed and prior.saved is not None and opts.save_all:
+                node.saved = prior.saved  # an op that returned its input unchanged: store once
+                if prior.index in self._saved_versions:  # copied along with it before a write
+                    self._reference(index, t, self._saved_versions[prior.index])
+            elif key in self.buffer_addresses:
+                self._save_copy(node, t)  # a buffer written in place: restored after the pass
+            else:
+                self._save(node, t)
+        if changed:
+            node.is_inplace = True
+            self.last_write[_storage_address(t)] = index
 
     def _describe(self, func: Callable) -> tuple:
         entry = _DESCRIPTIONS.get(func)
@@ -456,6 +572,9 @@ class Recorder:
                 return
             info = self.param_info.get(id(value))
             if info is not None:
+                if type(info) is str:  # its first use in this pass
+                    info = self.param_info[id(value)] = ParamInfo(
+                        info, tuple(value.shape), value.numel(), value.nbytes)
                 if info not in params:
                     params.append(info)
                 return
@@ -486,7 +605,8 @@ class Recorder:
         for output_index, (t, _) in enumerate(outs):
             existing = self.producer.get(id(t))
             prior = self.nodes[existing.node] if existing is not None else None
-            changed = prior is not None and (name_inplace or _version(t) != existing.version)
+            changed = prior is not None and (name_inplace
+                                             or existing.version not in (_version(t), _WATCHED))
             node = self._new_node(t, "op", name, parents, params_t, output_index, call_id)
             node.elapsed_ns = elapsed
             node.is_inplace = changed
@@ -511,12 +631,10 @@ class Recorder:
             if changed:
                 self.last_write[t.untyped_storage().data_ptr()] = node.index
 
-    def _rng_state(self) -> torch.Tensor:
-        """The CPU RNG state now, for replaying random ops; one object while it is unchanged."""
-        state = torch.get_rng_state()
-        last = self._rng_before
-        # Most ops draw no random numbers: share the ~5 KB state instead of storing copies.
-        return last if last is not None and torch.equal(last, state) else state
+    def _rng_state(self, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """The RNG state now (CPU, and the CUDA device's for an op on CUDA), for replaying
+        random ops; one object while it is unchanged (capture/rng.py)."""
+        return rng_state(self._rng_before, args, kwargs)
 
     def _current_node(self, t: torch.Tensor, ref: _TensorRef) -> int:
         """The node holding `t`'s value now (refreshed if it was written through a view)."""
@@ -534,7 +652,10 @@ class Recorder:
         Writes we could not see (inside one torch call) give a fresh source node.
         """
         writer = self.last_write.get(t.untyped_storage().data_ptr())
+        watched = ref.version == _WATCHED
         if writer is None or writer < ref.node:
+            if watched:  # nothing wrote through its `.data` alias since its producer ran
+                return ref.node
             kind = "buffer" if id(t) in self.buffer_addresses else "source"
             return self.add_source(t, kind, self.buffer_addresses.get(id(t))).index
         op = self.nodes[writer]
@@ -547,6 +668,8 @@ class Recorder:
         node.func_args, node.rng_state = op.func_args, op.rng_state
         node.extra = {"view_written_by": writer}
         self._maybe_save(node, t)
+        if watched:
+            ref.version = _WATCHED  # the alias may be written again
         return node.index
 
     def record_external(self, name: str, inputs: list[tuple[torch.Tensor, Any]],
@@ -656,6 +779,8 @@ class Recorder:
 
     def finish(self, modules: tuple[ModuleInfo, ...], error: Exception | None) -> CapturedPass:
         """The pass as plain data for assembly; `error` is what forward raised, if it did."""
+        if self._copier is not None:  # every saved value complete before anyone reads it
+            self._copier.wait_all()
         failure = None
         if error is not None:
             name, stack, parents = self._failed_op or (None, self._error_stack or (), ())

@@ -98,19 +98,29 @@ mark_boundary(_run_recorded.__code__)  # call sites are searched below the model
 def module_table(named_modules: list[tuple[str, nn.Module]]) -> tuple[ModuleInfo, ...]:
     """One ModuleInfo per submodule (the root left out), in model order, from one bottom-up sweep.
 
-    Parameters of lazy modules that forward has not yet initialised count as 0.
+    Parameters of lazy modules that forward has not yet initialised count as 0. A shared
+    submodule's parameters count under its first address only.
     """
     num_params: dict[str, int] = {}
     for address, module in reversed(named_modules):  # children come after their parent
-        own = sum(p.numel() for p in module._parameters.values() if p is not None and not is_lazy(p))
-        num_params[address] = own + sum(num_params.get(f"{address}.{c}" if address else c, 0)
-                                        for c in module._modules)
+        total = 0
+        for p in module._parameters.values():
+            if p is not None and not is_lazy(p):
+                total += p.numel()
+        if module._modules:
+            prefix = f"{address}." if address else ""
+            for name in module._modules:
+                total += num_params.get(prefix + name, 0)
+        num_params[address] = total
     canonical = {id(module): address for address, module in named_modules}
     aliases = _aliases(named_modules, canonical)
-    return tuple(
-        ModuleInfo(address, type(module).__name__, num_params[address],
-                   _children(address, module, canonical), aliases.get(address, ()))
-        for address, module in named_modules if address)
+    table = []
+    for address, module in named_modules:
+        if address:
+            children = _children(address, module, canonical) if module._modules else ()
+            table.append(ModuleInfo(address, type(module).__name__, num_params[address], children,
+                                    aliases.get(address, ()) if aliases else ()))
+    return tuple(table)
 
 
 def _children(address: str, module: nn.Module, canonical: dict[int, str]) -> tuple[str, ...]:
@@ -131,10 +141,12 @@ def _children(address: str, module: nn.Module, canonical: dict[int, str]) -> tup
 
 def _aliases(named_modules: list[tuple[str, nn.Module]], canonical: dict[int, str]) -> dict[str, tuple]:
     """Other addresses of modules registered more than once (`b.cpe = self.cpe1`), by first address."""
-    if not named_modules or not any(canonical[id(c)] != f"{a}.{n}".lstrip(".")
-                                    for a, m in named_modules for n, c in m._modules.items()
-                                    if c is not None):
-        return {}  # the common case: every module has one address
+    # The common case: a tree, every module registered once (one registration per module
+    # besides the root); only a module registered twice has a second address.
+    registrations = sum(len(m._modules) for _, m in named_modules)
+    if not named_modules or (registrations == len(named_modules) - 1 and not any(
+            c is None for _, m in named_modules for c in m._modules.values())):
+        return {}
     found: dict[str, list[str]] = {}
     pending = [("", named_modules[0][1], frozenset())]
     while pending:  # every address, depth first; a module inside itself is not entered again
