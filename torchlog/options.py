@@ -104,7 +104,8 @@ class LogOptions:
 def merge_options(options: LogOptions | None, keywords: dict[str, Any]) -> tuple[LogOptions, dict[str, Any]]:
     """`options` with the LogOptions keywords applied, and the other (rendering) keywords.
 
-    A new object is made; `options` itself is left as it was.
+    With LogOptions keywords a new object is made; without, `options` (or shared defaults:
+    LogOptions are frozen) is returned as it is.
 
     Raises:
         InvalidArgumentTypeError: `options` is not a LogOptions, or a keyword is neither a
@@ -115,12 +116,14 @@ def merge_options(options: LogOptions | None, keywords: dict[str, Any]) -> tuple
         raise InvalidArgumentTypeError(
             f"options must be a torchlog.LogOptions or None, got {options!r} of type "
             f"{type(options).__name__}")
-    names = [f.name for f in fields(LogOptions)]
+    if not keywords:  # the usual call: LogOptions are frozen, so the defaults can be shared
+        return (options if options is not None else _DEFAULTS), {}
+    names = _FIELD_NAMES
     unknown = [k for k in keywords if k not in names and not k.startswith("vis_")]
     if unknown:
         raise InvalidArgumentTypeError(
             f"log_forward_pass() got unexpected keyword argument(s) {unknown!r}; logging options "
-            f"are {', '.join(names)}, and rendering options start with 'vis_' (vis_opt, "
+            f"are {', '.join(f.name for f in fields(LogOptions))}, and rendering options start with 'vis_' (vis_opt, "
             "vis_nesting_depth, vis_outpath, vis_fileformat)")
     changes = {k: v for k, v in keywords.items() if k in names}
     merged = replace(options, **changes) if options is not None else LogOptions(**changes)
@@ -160,3 +163,7 @@ def device_of(value: Any) -> torch.device | None:
         raise InvalidOptionError(
             f"output_device must be {_DEVICES}, got {value!r}: meta tensors hold no values")
     return device
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(LogOptions))
+_DEFAULTS = LogOptions()

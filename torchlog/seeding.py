@@ -5,8 +5,6 @@ import os
 import random
 import sys
 import threading
-from contextlib import contextmanager
-from collections.abc import Iterator
 
 import torch
 
@@ -23,8 +21,7 @@ _saved: list = []  # the states from before the first of the passes now running
 _depth = 0
 
 
-@contextmanager
-def seeded(seed: int, numpy: bool = True) -> Iterator[None]:
+def seeded(seed: int, numpy: bool = True) -> "_Seeded":
     """Seed torch, Python and (if imported and `numpy`) numpy RNGs; restore their states on exit.
 
     Saving and restoring numpy's global state costs about 0.2 ms, more than logging a
@@ -35,26 +32,41 @@ def seeded(seed: int, numpy: bool = True) -> Iterator[None]:
     survives any overlap. (Random ops of two overlapping logs draw from one generator,
     so such runs cannot be reproduced from their seeds.)
     """
-    global _depth
-    np = sys.modules.get("numpy") if numpy else None
-    with _lock:
-        if _depth == 0:
-            _saved[:] = [_capture_states(np)]
-        _depth += 1
-        cuda_initialized = torch.cuda.is_initialized()
-        torch.random.default_generator.manual_seed(seed)
-        if cuda_initialized:  # never initialise CUDA just to seed it
-            torch.cuda.manual_seed_all(seed)
-        random.seed(seed)
-        if np is not None:
-            np.random.seed(seed % 2**32)
-    try:
-        yield
-    finally:
+    return _Seeded(seed, numpy)
+
+
+class _Seeded:
+    """The context manager `seeded` returns (a class: entered on every logged pass)."""
+
+    __slots__ = ("seed", "numpy")
+
+    def __init__(self, seed: int, numpy: bool) -> None:
+        self.seed, self.numpy = seed, numpy
+
+    def __enter__(self) -> None:
+        global _depth
+        seed = self.seed
+        np = sys.modules.get("numpy") if self.numpy else None
+        with _lock:
+            if _depth == 0:
+                _saved[:] = [list(_capture_states(np))]
+            elif np is not None and _saved[0][3] is None:  # the first pass left numpy alone
+                _saved[0][3] = np.random.get_state()
+            _depth += 1
+            torch.random.default_generator.manual_seed(seed)
+            if torch.cuda.is_initialized():  # never initialise CUDA just to seed it
+                torch.cuda.manual_seed_all(seed)
+            random.seed(seed)
+            if np is not None:
+                np.random.seed(seed % 2**32)
+
+    def __exit__(self, *exc_info: object) -> bool:
+        global _depth
         with _lock:
             _depth -= 1
             if _depth == 0:
                 _restore_states(_saved.pop(), sys.modules.get("numpy"))
+        return False
 
 
 def _capture_states(np) -> tuple:

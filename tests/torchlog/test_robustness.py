@@ -456,3 +456,30 @@ def test_compiled_submodule_runs_eagerly_while_logging():
     reference = torchlog.log_forward_pass(Holder(block), x)
     assert [p.func_name for p in history] == [p.func_name for p in reference]
     assert all(torch.equal(a.tensor_contents, b.tensor_contents) for a, b in zip(history, reference))
+
+
+def test_numpy_draws_follow_the_seed_only_when_one_is_given() -> None:
+    """With random_seed, numpy's global RNG is seeded for the pass and restored after; without
+    one it is left alone (saving its state costs more than logging a small model): forward
+    draws from the caller's stream, which moves on as it would without logging."""
+    import numpy as np
+
+    class Draws(nn.Module):
+        def forward(self, x):
+            return x + float(np.random.rand())
+
+    x = torch.zeros(1)
+    np.random.seed(123)
+    expected_unseeded = np.random.rand()
+    after_one_draw = np.random.get_state()[1].copy()
+    np.random.seed(123)
+    unseeded = torchlog.log_forward_pass(Draws(), x)
+    assert unseeded[-1].tensor_contents.item() == pytest.approx(expected_unseeded)
+    assert np.array_equal(np.random.get_state()[1], after_one_draw)
+
+    np.random.seed(5)
+    before = np.random.get_state()[1].copy()
+    first = torchlog.log_forward_pass(Draws(), x, random_seed=7)[-1].tensor_contents
+    second = torchlog.log_forward_pass(Draws(), x, random_seed=7)[-1].tensor_contents
+    assert torch.equal(first, second)
+    assert np.array_equal(np.random.get_state()[1], before)
