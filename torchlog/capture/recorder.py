@@ -503,19 +503,10 @@ class Recorder:
     def record_call(self, func: Callable, name: str, args: tuple, kwargs: dict, out: Any,
                     parents: list, params: list, rng: torch.Tensor | None) -> Any:
         """Record a call that already ran as one op (a functional whose body recorded
-        nothing); `on_op` inlines the same steps."""
-        if isinstance(out, _Tensor):
-            outs = ((out, ()),)
-        elif out is None or isinstance(out, (bool, int, float, torch.Size, torch.dtype, str)):
-            return out
-        else:
-            outs = find_tensors(out)
-            if not outs:
-                return out
+        nothing), as `on_op` would have."""
         self._rng_before = rng
-        self._record(func, name, self._describe(func)[2] or "out" in kwargs, args, kwargs, outs, 0,
-                     parents, params)
-        return out
+        return self._record_result(func, name, self._describe(func)[2], args, kwargs, out, 0,
+                                   parents, params, None)
 
     def rename_call(self, first_node: int, name: str, func_args: tuple, parents: list,
                     params: list, rng: torch.Tensor | None, site: tuple) -> None:
