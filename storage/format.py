@@ -15,7 +15,7 @@ from torchlog.errors import InvalidArgumentTypeError
 
 __all__ = ["FORMAT_NAME", "EXTRACT_FORMAT_NAME", "FORMAT_VERSION", "WRITING", "INCOMPLETE",
            "COMPLETE", "ACTIVATIONS", "GRADIENTS", "RNG_STATES", "BY_LABEL", "METADATA",
-           "NODE_LOG", "MODULE_TABLE", "CHUNK_BYTES", "dtype_name", "dtype_from_name",
+           "NODE_LOG", "MODULE_TABLE", "CHUNK_BYTES", "check_dense", "dtype_name", "dtype_from_name",
            "is_bits_encoded", "tensor_to_array", "array_to_tensor", "contiguous", "chunk_shape"]
 
 FORMAT_NAME = "torchlog"  # root attribute `format` of a log written by log_forward_pass/save
@@ -78,6 +78,23 @@ def tensor_to_array(tensor: torch.Tensor, what: str) -> np.ndarray:
         InvalidArgumentTypeError: a sparse, quantized, nested or meta tensor, which has no
             exact dense form; `what` names the value in the message.
     """
+    check_dense(tensor, what)
+    plain = tensor.detach().resolve_conj().resolve_neg()
+    if plain.device.type != "cpu":
+        plain = plain.cpu()
+    plain = plain.contiguous()
+    if is_bits_encoded(plain.dtype):
+        plain = plain.view(_BITS[plain.element_size()])
+    return plain.numpy()
+
+
+def check_dense(tensor: torch.Tensor, what: str) -> None:
+    """Check that `tensor` has an exact dense form `tensor_to_array` can write.
+
+    Raises:
+        InvalidArgumentTypeError: a sparse, quantized, nested or meta tensor; `what`
+            names the value in the message.
+    """
     if tensor.layout != torch.strided or tensor.is_nested or tensor.is_meta:
         raise InvalidArgumentTypeError(
             f"{what} is a {tensor.layout} tensor{' (meta)' if tensor.is_meta else ''}, which "
@@ -87,13 +104,6 @@ def tensor_to_array(tensor: torch.Tensor, what: str) -> np.ndarray:
         raise InvalidArgumentTypeError(
             f"{what} is a quantized tensor ({tensor.dtype}), which cannot be written to HDF5 "
             "exactly; use activation_postfunc=torch.dequantize or int_repr()")
-    plain = tensor.detach().resolve_conj().resolve_neg()
-    if plain.device.type != "cpu":
-        plain = plain.cpu()
-    plain = plain.contiguous()
-    if is_bits_encoded(plain.dtype):
-        plain = plain.view(_BITS[plain.element_size()])
-    return plain.numpy()
 
 
 def array_to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """Writing a log file: streamed while the forward pass runs, or from a finished history.
 
-Streaming writes each activation synchronously as capture hands it to the sink (the copy is
-freed as soon as it is on disk, so memory stays bounded by one activation), tags it with the
-ops seen since the previous one (recovery.py) and flushes, so a process killed at any point
-leaves a file that opens. The metadata and the status 'complete' are written only once
-the history is finished.
+Streaming takes each activation as capture hands it to the sink (the op's own tensor, not a
+copy) and queues it for a background thread (background.py), which writes it, tags it with
+the ops seen since the previous one (recovery.py) and flushes, so a process killed at any
+point leaves a file that opens. The forward pass goes on meanwhile and waits only when the
+queue holds `max_queued_bytes`: memory stays bounded by the queue. The metadata and the
+status 'complete' are written only once the history is finished.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import datetime
 import os
 import uuid
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +25,8 @@ from torchlog.capture.nodes import RawNode
 from torchlog.errors import IncompleteLogWarning, InvalidArgumentTypeError, LogFileError
 from torchlog.history import ModelHistory, all_passes
 from torchlog.records import LazyTensor, PassRecord
-from torchlog.storage import files, heap
+from torchlog.storage import background, files, heap
+from torchlog.storage.background import WriteQueue
 from torchlog.storage.format import (
     ACTIVATIONS,
     BY_LABEL,
@@ -35,6 +38,7 @@ from torchlog.storage.format import (
     METADATA,
     RNG_STATES,
     WRITING,
+    check_dense,
     dtype_name,
 )
 from torchlog.storage.gradients import GradientFile
@@ -60,8 +64,12 @@ class LogWriter:
     """
 
     def __init__(self, path: Any, overwrite: bool = False, options: WriteOptions | None = None,
-                 streaming: bool = True) -> None:
+                 streaming: bool = True, max_queued_bytes: int | None = None) -> None:
         """Check the path; the file itself is created when the first value is written.
+
+        `max_queued_bytes` bounds the activations waiting for the writer thread (None:
+        background.DEFAULT_MAX_BYTES as it is now); 0 writes each one in the sink, before
+        capture goes on, so a process killed at any moment loses no finished op.
 
         Raises:
             LogFileNotFoundError, LogFileExistsError, LogFilePermissionError, LogFileError:
@@ -77,8 +85,19 @@ class LogWriter:
         self._modules: tuple[ModuleInfo, ...] = ()  # written when streaming starts, for recovery
         self._streaming = streaming
         self._file: h5py.File | None = None
-        self._node_log: NodeLog | None = None
+        self._stream: _Stream | None = None
         self._gradients = GradientFile(self._abspath, self.log_id, self.options)
+        self._max_queued_bytes = (background.DEFAULT_MAX_BYTES if max_queued_bytes is None
+                                  else max_queued_bytes)
+        self._queue: WriteQueue | None = None
+        self._stop_queue: weakref.finalize | None = None  # also when dropped unfinished
+        self._nodes: Sequence[RawNode] | None = None  # capture's node list of the pass streaming
+        # Nodes whose values a write nothing announced changed before they were written in
+        # an earlier run of the pass: copied when handed over (all of them after two runs).
+        self._copy_indices: set[int] = set()
+        self._copy_all = False
+        self._num_stale_runs = 0
+        self._thread_error_taken = False
 
     def describe_run(self, model_name: str, random_seed: int, modules: Sequence[ModuleInfo] = ()) -> None:
         """Record what a rebuilt (crashed) log needs: the run's name and seed, the module table."""
@@ -88,38 +107,113 @@ class LogWriter:
     def _open(self) -> h5py.File:
         """Create the file (status 'writing') on first use, so failed checks leave nothing."""
         if self._file is None:
-            file = files.create(self.path, self._overwrite)
-            file.attrs.update({"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-                               "status": WRITING, "created": _now(), "log_id": self.log_id,
-                               **self._run_attrs})
-            self._activations = file.create_group(ACTIVATIONS)
-            self._node_log = NodeLog(file, self._modules) if self._streaming else None
+            self._create(self._overwrite)
             if self._streaming:
                 heap.streaming_started()  # else freed copies would not shrink the heap
-            self._file = file
         return self._file
+
+    def _create(self, overwrite: bool) -> None:
+        file = files.create(self.path, overwrite)
+        file.attrs.update({"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+                           "status": WRITING, "created": _now(), "log_id": self.log_id,
+                           **self._run_attrs})
+        node_log = NodeLog(file, self._modules) if self._streaming else None
+        self._stream = _Stream(file, file.create_group(ACTIVATIONS), node_log, self.options)
+        self._file = file
 
     # ----- streaming ------------------------------------------------------------------------
     def sink(self, nodes: Sequence[RawNode], index: int, value: Any) -> Any:
-        """Capture sink (torchlog.capture.ActivationSink): write the activation of `nodes[index]`.
+        """Capture sink (torchlog.capture.ActivationSink): queue the activation of `nodes[index]`.
+
+        A tensor is written later by the writer thread, so it must not change before
+        `settle(index)` returns (capture calls it before writing into its memory);
+        other values (from activation_postfunc) are written now. A new node list
+        means the pass runs again: the file starts over.
 
         Returns its lazy stand-in, which the node keeps instead of the value.
 
         Raises:
             InvalidArgumentTypeError: activation_postfunc returned a value that cannot
                 be stored (also kept in `self.error`, as the model run may swallow it).
+            What writing an earlier value raised in the writer thread (OSError, ...).
         """
-        name = str(index)
-        file = self._open()
+        if nodes is not self._nodes:
+            self._start_pass(nodes)
+        what = f"the activation of op #{index}"
         try:
-            obj = write_value(self._activations, name, value, f"the activation of op #{index}", self.options)
+            self._raise_thread_error()
+            if self._queue is None:  # max_queued_bytes=0: written now
+                self._stream.write(nodes, index, value, what)
+            elif isinstance(value, torch.Tensor):
+                check_dense(value, what)
+                copy = self._copy_all or index in self._copy_indices
+                self._queue.put(nodes, index, value, copy)
+                self._raise_thread_error()
+            else:  # rare: written here, in order, so its errors stop the pass at its op
+                self._queue.settle(None)
+                self._raise_thread_error()
+                self._stream.write(nodes, index, value, what)
         except Exception as exc:
             self.error = self.error or exc
             raise
-        if self._node_log is not None:
-            self._node_log.tag(obj, nodes, index)
-        file.flush()  # what is flushed survives the process being killed
-        return _lazy(self._abspath, self.log_id, f"{ACTIVATIONS}/{name}", value)
+        return _lazy(self._abspath, self.log_id, f"{ACTIVATIONS}/{index}", value)
+
+    def settle(self, index: int | None) -> None:
+        """Capture's `sink_settle`: return once the value of node `index` is written or
+        copied (None: once every queued value is written). Never raises: an error of
+        the writer thread is raised by the next `sink` call or by `finish`."""
+        if self._queue is not None:
+            self._queue.settle(index)
+
+    def stale(self) -> list[int]:
+        """Capture's `sink_stale`, after `settle(None)`: the nodes of this run whose values
+        changed before they were written. The next run copies them when handed over."""
+        if self._queue is None:
+            return []
+        stale = self._queue.stale()
+        if stale:
+            self._num_stale_runs += 1
+            self._copy_indices.update(stale)
+            self._copy_all = self._num_stale_runs > 1
+        return stale
+
+    def _start_pass(self, nodes: Sequence[RawNode]) -> None:
+        """Start writing the pass whose node list is `nodes`; one written before is
+        dropped (its file is created again), as this run replaces it."""
+        if self._nodes is not None:
+            self._stop_thread()
+            self._file.close()
+            self._create(overwrite=True)  # our own file, from the run before
+        else:
+            self._open()
+        self._nodes = nodes
+        if self._max_queued_bytes > 0:
+            self._queue = WriteQueue(self._stream.write_activation, self._max_queued_bytes)
+            self._thread_error_taken = False
+            self._stop_queue = weakref.finalize(self, self._queue.close)
+
+    def _stop_thread(self) -> None:
+        """Write what is queued and join the writer thread."""
+        if self._stop_queue is not None:
+            self._stop_queue()  # calls close() once, and no more when self is collected
+            self._stop_queue = None
+
+    def _raise_thread_error(self) -> None:
+        """Raise what writing a value raised in the thread, the first time it is seen."""
+        error = self._take_thread_error()
+        if error is not None:
+            raise error
+
+    def _take_thread_error(self) -> BaseException | None:
+        """Make what writing a value raised in the thread this writer's error; returns it
+        the first time."""
+        queue = self._queue
+        if queue is None or queue.error is None or self._thread_error_taken:
+            return None
+        self._thread_error_taken = True
+        self.error = self.error or queue.error
+        return queue.error
+
 
     def gradient_sink(self, index: int, grad: torch.Tensor) -> StoredTensor:
         """GradientStore sink: write the gradient of node `index` as backward produces it.
@@ -140,6 +234,8 @@ class LogWriter:
                 sink met during the pass, if any); the file is closed as 'incomplete', or
                 'writing' when the failing value belongs to the metadata already written.
         """
+        self._stop_thread()
+        self._take_thread_error()
         if self.error is not None and failure is None:
             failure = f"a value could not be stored: {self.error}"
         file = self._open()
@@ -169,6 +265,8 @@ class LogWriter:
             return
         failure = None if history is not None and history.is_partial else f"{type(exc).__name__}: {exc}"
         try:
+            self._stop_thread()
+            self._take_thread_error()
             self.error = None if self.error is exc else self.error
             self.finish(history, failure)
         except Exception as err:  # the user's exception matters more; the file still opens
@@ -179,11 +277,10 @@ class LogWriter:
         pending: dict[int, tuple[str, Any, str]] = {}  # id(value) -> (name, value, description)
         refs: dict[int, dict[str, Any]] = {}
 
-        def ref(field: str, record: PassRecord, value: Any) -> dict[str, Any]:
-            known = refs.get(id(value))
-            if known is None:
-                known = refs[id(value)] = self._reference(field, record, value, pending)
-            return known
+        def ref(field: str, record: PassRecord, value: Any) -> dict[str, Any] | None:
+            if id(value) not in refs:
+                refs[id(value)] = self._reference(field, record, value, pending)
+            return refs[id(value)]
 
         file = self._open()
         file.create_dataset(METADATA, data=history_to_json(history, ref), dtype=h5py.string_dtype())
@@ -195,8 +292,10 @@ class LogWriter:
         self._link_labels(file, history, refs)
 
     def _reference(self, field: str, record: PassRecord, value: Any,
-                   pending: dict[int, tuple[str, Any, str]]) -> dict[str, Any]:
+                   pending: dict[int, tuple[str, Any, str]]) -> dict[str, Any] | None:
         if isinstance(value, StoredValue) and value.log_id == self.log_id:  # streamed here
+            if value.name not in self._file:  # dropped after the writer thread failed
+                return None
             return {"ref": value.name, **_description(value)}
         if isinstance(value, LazyTensor):
             value = value.load()  # from another log file: copy it over
@@ -212,6 +311,28 @@ class LogWriter:
             found = refs.get(id(record.saved))
             if found is not None and "/" not in record.label and record.label not in (".", ".."):
                 links[record.label] = file[found["ref"]]
+
+
+class _Stream:
+    """The open file as the writer thread uses it: one activation at a time, in op order."""
+
+    def __init__(self, file: h5py.File, activations: h5py.Group, node_log: NodeLog | None,
+                 options: WriteOptions) -> None:
+        self.file = file
+        self.activations = activations
+        self.node_log = node_log
+        self.options = options
+
+    def write(self, nodes: Sequence[RawNode], index: int, value: Any, what: str) -> None:
+        """Write and tag the activation of node `index`, then flush: what is flushed
+        survives the process being killed. Raises what write_value raises."""
+        obj = write_value(self.activations, str(index), value, what, self.options)
+        if self.node_log is not None:
+            self.node_log.tag(obj, nodes, index)
+        self.file.flush()
+
+    def write_activation(self, nodes: Sequence[RawNode], index: int, value: Any) -> None:
+        self.write(nodes, index, value, f"the activation of op #{index}")
 
 
 def save_history(history: ModelHistory, path: Any, overwrite: bool = False,

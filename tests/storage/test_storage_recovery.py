@@ -56,6 +56,9 @@ MODELS = textwrap.dedent("""
 """)
 _CHILD = MODELS + textwrap.dedent("""
     import torchlog
+    import torchlog.storage.background
+    if sys.argv[4] == "sync":  # every value written before capture goes on
+        torchlog.storage.background.DEFAULT_MAX_BYTES = 0
     model = Loop(stop=3, kill=True) if sys.argv[2] == "loop" else Chain(int(sys.argv[3]))
     x = torch.linspace(-1, 1, 8 if sys.argv[2] == "loop" else 1 << 14)
     torchlog.log_forward_pass(model, x, save_to=sys.argv[1], random_seed=0)
@@ -65,8 +68,9 @@ _models: dict = {}
 exec(compile(MODELS, "recovery_models", "exec"), _models)  # noqa: S102 - our own source text
 
 
-def _start(path: Path, which: str, say_at: int = -1) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _CHILD, str(path), which, str(say_at)], cwd=ROOT,
+def _start(path: Path, which: str, say_at: int = -1, mode: str = "sync") -> subprocess.Popen:
+    """`mode` 'sync' writes each value before capture goes on; 'async' from the writer thread."""
+    return subprocess.Popen([sys.executable, "-c", _CHILD, str(path), which, str(say_at), mode], cwd=ROOT,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -102,18 +106,22 @@ def test_a_process_killed_mid_forward_leaves_every_finished_layer_readable(tmp_p
     assert cell.call_layers == expected.modules["cell"].call_layers
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("attempt", range(2))
-def test_a_process_killed_at_a_random_moment_leaves_a_file_that_opens(tmp_path: Path, attempt: int) -> None:
+def test_a_process_killed_at_a_random_moment_leaves_a_file_that_opens(tmp_path: Path, attempt: int,
+                                                                     mode: str) -> None:
+    """Written from the writer thread, the values still queued are lost, never the file."""
     path = tmp_path / "run.h5"
     say_at = random.Random(attempt).randrange(5, 300)
-    child = _start(path, "chain", say_at)
+    child = _start(path, "chain", say_at, mode)
     assert child.stdout.readline().strip() == "streaming", child.stderr.read()[-2000:]
     child.send_signal(signal.SIGKILL)  # the child streams on while the signal travels
     child.communicate(timeout=60)
     if child.returncode != -signal.SIGKILL:
         pytest.fail(f"the child finished before it was killed; make Chain longer ({child.returncode})")
     recovered = _recovered(path)
-    assert len(recovered) >= 2 * say_at  # at least the ops before "streaming"
+    if mode == "sync":
+        assert len(recovered) >= 2 * say_at  # at least the ops before "streaming"
     x = torch.linspace(-1, 1, 1 << 14)
     expected = [x]  # the value of each op, by op_index: input, then (* 0.5, + step) per step
     for step in range(len(recovered) // 2 + 1):
@@ -123,4 +131,5 @@ def test_a_process_killed_at_a_random_moment_leaves_a_file_that_opens(tmp_path: 
         if record.saved is not None:
             assert torch.equal(record.tensor_contents, expected[record.op_index]), record.label
     assert recovered.num_saved >= len(recovered) - 1  # at most the op being written is missing
-    assert recovered.layer_labels[:3] == ["input_1_0", "mul_1_1:1", "add_1_2:1"]
+    first = ["input_1_0", "mul_1_1:1", "add_1_2:1"]
+    assert recovered.layer_labels[:3] == first[:len(recovered)]  # async: maybe fewer than 3 written
