@@ -92,3 +92,63 @@ def test_compare_reads_two_json_runs(quick_run: tuple[str, dict], tmp_path: Path
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "->" in line]
     assert len(rows) == len(quick_cases())
     assert "per call, Linear(8, 8) on (2, 8)" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def breakdown_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    json_path = tmp_path_factory.mktemp("breakdown") / "quick.json"
+    argv = [sys.executable, str(ROOT / "bench" / "breakdown.py"), "--quick", "--json", str(json_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout, json.loads(json_path.read_text())
+
+
+def test_breakdown_quick_prints_every_category_per_model(breakdown_run: tuple[str, dict]):
+    """bench/breakdown.py --quick: one row per model, every cell a number; no timing is asserted."""
+    output, figures = breakdown_run
+    lines = output.splitlines()
+    header = next(line for line in lines if line.startswith("model "))
+    assert header.split() == ["model", "ops", "calls", "plain", "ms", "total", "mode", "parents", "site",
+                              "modules", "nodes", "saving", "group", "assemble", "history", "set-up", "sum",
+                              "resid", "IQR", "us/call", "own", "set-up"]
+    for case in quick_cases():
+        row = next((line for line in lines if line.startswith(case.name + " ")), None)
+        assert row is not None, f"no row for {case.name!r} in:\n{output}"
+        assert len([float(f) for f in row[len(case.name):].split()]) == 19, row
+    assert "per call, Linear(8, 8) on (2, 8)" in output
+    assert [r["name"] for r in figures["models"]] == [c.name for c in quick_cases()]
+    for row in figures["models"]:
+        assert set(row["us_per_op"]) == set(figures["categories"])
+        # The printed sum is the sum of the printed categories; the residual is what is left.
+        assert row["sum_us_per_op"] == pytest.approx(sum(row["us_per_op"].values()))
+        assert row["residual_us_per_op"] == pytest.approx(row["total_us_per_op"] - row["sum_us_per_op"])
+
+
+_RESTORE_CHECK = """
+import sys
+sys.argv = ["breakdown.py"]
+sys.path.insert(0, "bench")
+import breakdown, torchlog.api
+from torchlog.capture import call_sites, functionals, recorder, run
+def now():
+    return (recorder.call_site, functionals.call_site, recorder.Recorder.pre_hook, recorder.Recorder.post_hook,
+            recorder.Recorder._find_parents, torchlog.api._capture, torchlog.api._build, run._run_recorded)
+before = now()
+patches = (breakdown._NO_SITE + breakdown._NO_MODULES + breakdown._PhaseClock().patches()
+           + breakdown._ParentTimer().patches())
+try:
+    with breakdown._patched(patches):
+        assert recorder.call_site is not call_sites.call_site
+        raise RuntimeError("leave the block")
+except RuntimeError:
+    pass
+assert now() == before, "not restored"
+print("restored")
+"""
+
+
+def test_breakdown_restores_what_it_patched():
+    # In a child: importing bench/breakdown.py puts bench/ on sys.path, which would shadow `models`.
+    done = subprocess.run([sys.executable, "-c", _RESTORE_CHECK], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "restored" in done.stdout, done.stderr[-4000:]
