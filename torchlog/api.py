@@ -117,7 +117,8 @@ def _open_log_file(request: Request) -> Any:
     writers = require("torchlog.storage.writer", "save_to")  # lazily: h5py is an optional extra
     writer = writers.LogWriter(request.options.save_to, request.options.overwrite)
     writer.describe_run(type(request.model).__name__, request.seed, module_table(request.named_modules))
-    request.capture = replace(request.capture, sink=writer.sink)
+    request.capture = replace(request.capture, sink=writer.sink, sink_settle=writer.settle,
+                              sink_stale=writer.stale)
     return writer
 
 
@@ -179,7 +180,8 @@ def _capture(request: Request, capture: CaptureOptions,
     for retry in range(3):
         store = _hook_gradients(request, gradient_sink)
         options = capture if store is None else replace(capture, on_node=store.on_node)
-        with seeded(request.seed), model_kept(request.named_modules), \
+        with seeded(request.seed, numpy=request.options.random_seed is not None), \
+                model_kept(request.named_modules), \
                 eager_submodules(request.named_modules):
             # KeyboardInterrupt and SystemExit leave at once, unchanged; Exceptions come back.
             captured = run_captured(request.model, request.args, request.kwargs, options,

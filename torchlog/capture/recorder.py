@@ -277,6 +277,9 @@ class Recorder:
         if opts.sink is not None and opts.postfunc is None and opts.output_device is None:
             # No copy: the sink writes the value before returning, or (a sink with
             # `sink_settle`) writes it later, settled before any write into its memory.
+            if opts.copy_all or node.index in opts.copy_indices:  # changed on an earlier run
+                node.saved = opts.sink(self.nodes, node.index, t.detach().clone())
+                return
             node.saved = opts.sink(self.nodes, node.index, t.detach())
             if opts.sink_settle is not None:
                 key = _storage_address(t)
