@@ -103,28 +103,28 @@ def _layer_record(members: list[int], passes: list[PassRecord]) -> LayerRecord:
 
 def _module_records(captured: CapturedPass, labels: list) -> dict[str, ModuleRecord]:
     calls = captured.module_calls
-    outputs = {call: [labels[i][0] for i in nodes] for call, nodes in captured.call_outputs.items()}
-    inside: dict[tuple[str, int], list[str]] = defaultdict(list)
+    outputs = captured.call_outputs
+    inside: dict[tuple[str, int], list[str]] = {}
     last_path: tuple = ()
     lists: list = []
     for node in captured.nodes:
         if node.module_path is not last_path:  # consecutive ops share one path tuple
             last_path = node.module_path
-            lists = [inside[call] for call in last_path]
+            lists = [inside[call] if call in inside else inside.setdefault(call, [])
+                     for call in last_path]
         label = labels[node.index][0]
         for members in lists:
             members.append(label)
+    empty: tuple = ()
     records: dict[str, ModuleRecord] = {}
-    for module in captured.modules:
-        address = module.address
-        n = calls.get(address, 0)
-        records[address] = ModuleRecord(
-            address=address,
-            type_name=module.type_name,
-            num_params=module.num_params,
-            children=module.children,
-            call_outputs=tuple(tuple(outputs.get((address, k), ())) for k in range(1, n + 1)),
-            call_layers=tuple(tuple(inside[(address, k)]) for k in range(1, n + 1)),
-            aliases=module.aliases,
-        )
+    for address, type_name, num_params, children, aliases in captured.modules:
+        returned, computed = [], []
+        for k in range(1, calls.get(address, 0) + 1):
+            call = (address, k)
+            nodes = outputs.get(call)
+            returned.append(tuple([labels[i][0] for i in nodes]) if nodes else empty)
+            members = inside.get(call)
+            computed.append(tuple(members) if members else empty)
+        records[address] = ModuleRecord(address, type_name, num_params, children, tuple(returned),
+                                        tuple(computed), aliases)
     return records

@@ -57,7 +57,9 @@ class ModelHistory(Sequence):
                  modules: dict[str, ModuleRecord], info: RunInfo) -> None:
         self._passes = list(passes)
         self._by_label = {p.label: p for p in self._passes}
-        self._layers = [l for l in layers if any(p.label in self._by_label for p in l.passes)]
+        by_label = self._by_label
+        self._layers = [l for l in layers
+                        if l.passes[0].label in by_label or any(p.label in by_label for p in l.passes)]
         self._layers_by_label = {l.label: l for l in self._layers}
         self._modules = modules
         self._modules_view = MappingProxyType(modules)

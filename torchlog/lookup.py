@@ -53,16 +53,29 @@ class KeyIndex:
             self._keys_of.setdefault(target, []).append(key)
 
     def _add_layers(self, layers: Iterable[LayerRecord]) -> None:
+        # `_add` inlined: this runs for every pass of every logged history.
+        targets, num_passes, keys_of, positions = (self._targets, self._num_passes,
+                                                   self._keys_of, self._positions)
         for layer in layers:
-            num = len(layer.passes)
-            shown = [r for r in layer.passes if r.label in self._positions]
-            target = layer.passes[0].label if num == 1 else layer.label
+            passes = layer.passes
+            num = len(passes)
+            shown = [r for r in passes if r.label in positions]
+            target = passes[0].label if num == 1 else layer.label
             short = layer.label.rsplit("_", 1)[0]
             for name, listed in ((layer.label, True), (short, False)):
-                if num > 1 or shown:
-                    self._add(name, target, num, listed)
+                if (num > 1 or shown) and name not in targets:
+                    targets[name] = target
+                    num_passes[target] = num
+                    if listed and target in positions:
+                        keys_of.setdefault(target, []).append(name)
                 for record in shown:
-                    self._add(f"{name}:{record.pass_num}", record.label, num, listed)
+                    key = f"{name}:{record.pass_num}"
+                    if key not in targets:
+                        label = record.label
+                        targets[key] = label
+                        num_passes[label] = num
+                        if listed:
+                            keys_of.setdefault(label, []).append(key)
 
     def _add_modules(self, modules: Mapping[str, ModuleRecord], by_label: dict[str, PassRecord]) -> None:
         """Module addresses (and a shared module's other addresses) find their first output;
