@@ -63,9 +63,7 @@ def run_expanded(recorder: Recorder, func: Callable, name: str, body: Callable,
     """Run `body` (func's guard-free copy) with the mode on, as one scope of `recorder`."""
     parents, params = recorder._find_parents(args, kwargs)  # what a one-op record would list
     rng = rng_state(recorder._rng_before, args, kwargs) if recorder.options.save_function_args else None
-    frames = recorder.module_frames
-    site = (call_site(frames[-1], recorder.module_sites[-1]) if frames else call_site(),
-            recorder.module_sites)
+    site = (recorder._call_site(), recorder.module_sites)
     first_node, first_call = len(recorder.nodes), recorder._call_count
     recorder.expanding.add(func)
     try:

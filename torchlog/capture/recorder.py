@@ -161,6 +161,8 @@ class Recorder:
         # Per module on the stack, the frame that runs its forward (torch's hook-calling
         # frame): a call-site search that reaches it has the module's own call site as answer.
         self.module_frames: tuple = ()
+        self.root_frame: Any = None  # the frame that calls the model (set by run_captured)
+        self.root_site: tuple | None = None  # the user's line that called log_forward_pass
         self.module_calls: dict[str, int] = {}
         self.call_outputs: dict[tuple[str, int], list[int]] = {}  # module call -> returned nodes
         self.last_write: dict[int, int] = {}  # storage address -> last in-place op that wrote it
@@ -427,6 +429,15 @@ class Recorder:
         if ref is not None:
             ref.version = _WATCHED
 
+    def _call_site(self) -> tuple | None:
+        """Where user code made the current op or module call: the search stops at the
+        frame running the innermost module (answer: its call site) or, at the top, at the
+        frame that called the model (answer: the line that called log_forward_pass)."""
+        frames = self.module_frames
+        if frames:
+            return call_site(frames[-1], self.module_sites[-1])
+        return call_site(self.root_frame, self.root_site)
+
     def _record_result(self, func: Callable, name: str, writes_first_arg: bool, args: tuple,
                        kwargs: dict, out: Any, elapsed: int, parents: list, params: list,
                        cost: tuple[int, int | None] | None) -> Any:
@@ -449,9 +460,7 @@ class Recorder:
                     parents: list, params: list) -> None:
         """`_record` and `_new_node` for the usual op: one plain tensor out, no argument copies."""
         self._call_count += 1
-        frames = self.module_frames
-        site = (call_site(frames[-1], self.module_sites[-1]) if frames else call_site(),
-                self.module_sites)
+        site = (self._call_site(), self.module_sites)
         nodes, producer = self.nodes, self.producer
         index = len(nodes)
         key = id(t)
@@ -589,9 +598,7 @@ class Recorder:
         params_t = tuple(params)
         self._call_count += 1
         call_id = self._call_count
-        frames = self.module_frames
-        site = (call_site(frames[-1], self.module_sites[-1]) if frames else call_site(),
-                self.module_sites)
+        site = (self._call_site(), self.module_sites)
         call_args = context = None
         if self.options.save_function_args:  # as they are now: the model may grow a list later
             call_args = (func, _copy_containers(args), _copy_containers(kwargs))
@@ -718,9 +725,9 @@ class Recorder:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        frames = self.module_frames
-        site = call_site(frames[-1], self.module_sites[-1]) if frames else call_site()
+        site = self._call_site()
         self.module_sites = self.module_sites + (site,)
+        frames = self.module_frames
         self.module_frames = frames + (sys._getframe(1),)  # torch's frame running this forward
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any
 
@@ -11,7 +12,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 
-from torchlog.capture.call_sites import mark_boundary
+from torchlog.capture.call_sites import call_site, mark_boundary
 from torchlog.capture.captured import CapturedPass, ModuleInfo
 from torchlog.capture.nesting import Attribute, find_tensors
 from torchlog.capture.options import CaptureOptions
@@ -82,6 +83,8 @@ def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dic
                 plugins.enter_context(plugin(recorder))
             if recorder.profiler is not None:  # its saved-tensor hooks, for this thread only
                 plugins.enter_context(recorder.profiler)
+            recorder.root_frame = sys._getframe()  # call-site searches stop here
+            recorder.root_site = call_site()  # the line that called log_forward_pass
             with _CaptureMode(recorder):
                 output = model(*args, **kwargs)
         with torch._C.DisableTorchFunction():
