@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import h5py
@@ -108,11 +108,19 @@ def _stored_nodes(file: h5py.File) -> list[dict[str, Any]]:
     group = file.get(ACTIVATIONS)
     spilled = file.get(NODE_LOG)
     entries: list[dict[str, Any]] = []
-    names = sorted((n for n in group if n.isdigit()), key=int) if group is not None else []
+    if group is None:
+        return entries
+    try:
+        names: Any = sorted((n for n in group if n.isdigit()), key=int)
+    except (RuntimeError, OSError, KeyError):  # killed while HDF5 updated the group's index
+        names = _probed_names(group, entries)
     for name in names:
-        text = group[name].attrs.get(NODES_ATTR)
-        if text is None and spilled is not None and name in spilled:
-            text = spilled[name].asstr()[()]
+        try:
+            text = group[name].attrs.get(NODES_ATTR)
+            if text is None and spilled is not None and name in spilled:
+                text = spilled[name].asstr()[()]
+        except (RuntimeError, OSError, KeyError):  # a dataset the dying writer left half-made
+            break
         if text is None:
             break
         batch = json.loads(text)
@@ -120,6 +128,29 @@ def _stored_nodes(file: h5py.File) -> list[dict[str, Any]]:
             break
         entries.extend(batch)
     return entries
+
+
+# How far past the last recovered node an activation is looked for by name when the group's
+# index cannot be listed: saved values may skip unsaved nodes (layers_to_save).
+_PROBE_GAP = 10_000
+
+
+def _probed_names(group: h5py.Group, entries: list) -> Iterator[str]:
+    """Activation names found by looking each one up, in op order, from the first node not
+    yet recovered (`entries` grows as the caller reads); stops at a gap of `_PROBE_GAP`."""
+    index = len(entries)
+    while True:
+        for candidate in range(index, index + _PROBE_GAP):
+            try:
+                found = str(candidate) in group
+            except (RuntimeError, OSError, KeyError):
+                return
+            if found:
+                break
+        else:
+            return
+        yield str(candidate)
+        index = max(candidate + 1, len(entries))
 
 
 def _stored_modules(file: h5py.File) -> tuple[ModuleInfo, ...]:
@@ -181,7 +212,10 @@ def _stored(group: h5py.Group, path: str, log_id: str, name: str, shares: str | 
     """The lazy value of a node's dataset, if it was written before the writer stopped."""
     if shares is not None:
         name = shares.rpartition("/")[2]
-    obj = group.get(name)
-    if obj is None:
+    try:
+        obj = group.get(name)
+        if obj is None:
+            return None
+        return dataset_value(path, log_id, f"{ACTIVATIONS}/{name}", obj)
+    except (RuntimeError, OSError, KeyError):  # half-made by the dying writer: not saved
         return None
-    return dataset_value(path, log_id, f"{ACTIVATIONS}/{name}", obj)

@@ -133,3 +133,44 @@ def test_a_process_killed_at_a_random_moment_leaves_a_file_that_opens(tmp_path: 
     assert recovered.num_saved >= len(recovered) - 1  # at most the op being written is missing
     first = ["input_1_0", "mul_1_1:1", "add_1_2:1"]
     assert recovered.layer_labels[:3] == first[:len(recovered)]  # async: maybe fewer than 3 written
+
+
+class _UnlistableGroup:
+    """An HDF5 group whose index a killed writer left damaged: listing it fails (as h5py's
+    'Link iteration failed (bad heap free list)'), looking names up still works."""
+
+    def __init__(self, group: h5py.Group) -> None:
+        self.group = group
+
+    def __iter__(self):
+        raise RuntimeError("Link iteration failed (bad heap free list)")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.group
+
+    def __getitem__(self, name: str):
+        return self.group[name]
+
+
+def test_recovery_finds_activations_by_name_when_their_group_cannot_be_listed(tmp_path: Path) -> None:
+    from torchlog.storage import recovery
+    from torchlog.storage.format import ACTIVATIONS
+
+    class Chain(torch.nn.Module):
+        def forward(self, x):
+            for step in range(4):
+                x = torch.tanh(x * 0.5 + step)
+            return x
+
+    path = tmp_path / "run.h5"
+    torchlog.log_forward_pass(Chain(), torch.linspace(-1, 1, 8), save_to=path, random_seed=0)
+    with h5py.File(path, "r") as file:
+        listed = recovery._stored_nodes(file)
+
+        class Damaged:
+            def get(self, name):
+                found = file.get(name)
+                return _UnlistableGroup(found) if name == ACTIVATIONS else found
+
+        probed = recovery._stored_nodes(Damaged())
+    assert len(listed) >= 12 and [e["index"] for e in probed] == [e["index"] for e in listed]
