@@ -8,7 +8,7 @@ torch itself is not changed) with the mode pushed again, so each torch call of t
 an op. Each op of the body names the call in `extra['functionals']`
 (`self_attn.multi_head_attention_forward:1`, like a module call; functionals are not modules,
 so they stay out of `history.modules`). A call whose body ran one op is recorded exactly as
-the single op it was before, and from then on that function runs unexpanded in this pass
+the single op it was before, and from then on that function runs unexpanded in this process
 (no cost on `F.relu`).
 """
 from __future__ import annotations
