@@ -20,6 +20,7 @@ from torch import nn
 import torchlog
 from tests.models import TINY_MODELS, AlexNet, MutatedThroughView
 from tests.storage.compare import assert_same_history, same_bits
+from tests.storage.memory_scripts import DEEP_MODEL
 from torchlog.errors import IncompleteLogWarning
 from torchlog.storage import background, writer
 from torchlog.storage.background import WriteQueue
@@ -178,11 +179,9 @@ def test_queued_bytes_never_exceed_the_bound() -> None:
     assert not queue._thread.is_alive()
 
 
-_MEMORY_SCRIPT = textwrap.dedent("""
-    import sys, time, torch, torchlog, torch.nn as nn
+_MEMORY_SCRIPT = DEEP_MODEL + textwrap.dedent("""
+    import time
     from torchlog.storage import background, writer
-    torch.set_num_threads(1)
-    MB = 1 << 20
     background.DEFAULT_MAX_BYTES = 16 * MB
     write = writer._Stream.write_activation
 
@@ -191,22 +190,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
         write(self, nodes, index, value)
 
     writer._Stream.write_activation = slow
-
-    class Deep(nn.Module):  # 40 ops, each saving 8 MB: 320 MB saved in all
-        def forward(self, x):
-            for _ in range(20):
-                x = x * 1.0001 + 1
-            return x
-
-    def status(key: str) -> int:
-        return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) * 1024
-
-    x = torch.rand(2 * MB)  # 8 MB
-    torchlog.log_forward_pass(nn.ReLU(), torch.ones(3), save_to=sys.argv[1] + ".warm")
-    Deep()(x)
-    with open("/proc/self/clear_refs", "w") as f:  # the peak (VmHWM) restarts from here
-        f.write("5")
-    start = status("VmRSS")
+    start = reset_peak()
     h = torchlog.log_forward_pass(Deep(), x, save_to=sys.argv[1], random_seed=0)
     growth = status("VmHWM") - start
     print(f"peak growth {growth}; last ok: {torch.equal(h[-2].tensor_contents, Deep()(x))}")

@@ -20,6 +20,7 @@ from torch import nn
 import torchlog
 from tests.models import SimpleRecurrent
 from tests.storage.compare import assert_same_history, same_value
+from tests.storage.memory_scripts import DEEP_MODEL
 from torchlog.errors import (
     IncompleteLogWarning,
     InvalidArgumentTypeError,
@@ -264,29 +265,8 @@ def test_an_unwritable_folder_is_refused() -> None:
 
 
 # ----- bounded memory --------------------------------------------------------------------------------
-_MEMORY_SCRIPT = textwrap.dedent("""
-    import sys, torch, torchlog, torch.nn as nn
-    torch.set_num_threads(1)
-    MB = 1 << 20
-
-    class Deep(nn.Module):  # 40 ops, each saving 8 MB: 320 MB saved in all
-        def forward(self, x):
-            for _ in range(20):
-                x = x * 1.0001 + 1
-            return x
-
-    def status(key: str) -> int:
-        return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) * 1024
-
-    x = torch.rand(2 * MB)  # 8 MB
-    torchlog.log_forward_pass(nn.ReLU(), torch.ones(3), save_to=sys.argv[1] + ".warm")  # load every library
-    Deep()(x)
-    # Reset the kernel's peak resident set size (VmHWM) to the current one: the peak read
-    # after logging is then the most memory the log ever held at once.
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    start = status("VmRSS")
-    assert status("VmHWM") - start < MB, "the peak resident set size was not reset"
+_MEMORY_SCRIPT = DEEP_MODEL + textwrap.dedent("""
+    start = reset_peak()
     if sys.argv[2] == "file":
         h = torchlog.log_forward_pass(Deep(), x, save_to=sys.argv[1], random_seed=0)
     else:
