@@ -1,9 +1,22 @@
 """Tiny CPU models covering the hard cases of capture, shared by every test file."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import nn
+
+
+class Func(nn.Module):
+    """A model whose forward is one function of its input."""
+
+    def __init__(self, func: Callable) -> None:
+        super().__init__()
+        self.func = func
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.func(x)
 
 
 class AlexNet(nn.Module):

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchlog
+from tests.models import Func
 
 MHA_OPS = [
     "linear_1_1", "unflatten_1_2", "unsqueeze_1_3", "transpose_1_4", "squeeze_1_5",
@@ -26,15 +27,6 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.attn(x, x, x, need_weights=True)
-
-
-class Func(nn.Module):
-    def __init__(self, func: Callable) -> None:
-        super().__init__()
-        self.func = func
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.func(x)
 
 
 def _log(model: nn.Module, x: torch.Tensor) -> torchlog.ModelHistory:

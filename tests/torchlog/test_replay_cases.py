@@ -5,26 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 
 import torchlog
+from tests.models import Func
 from torchlog.replay import ReplayReport, validate_saved_activations
 from torchlog.replay.rerun import perturbed
-
-
-class Func(nn.Module):
-    """A model whose forward is one function of its input."""
-
-    def __init__(self, func: Callable) -> None:
-        super().__init__()
-        self.func = func
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.func(x)
 
 
 class ZeroWeight(nn.Module):
