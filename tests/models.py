@@ -8,17 +8,6 @@ import torch
 from torch import nn
 
 
-class Func(nn.Module):
-    """A model whose forward is one function of its input."""
-
-    def __init__(self, func: Callable) -> None:
-        super().__init__()
-        self.func = func
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.func(x)
-
-
 class AlexNet(nn.Module):
     """torchvision's AlexNet architecture, written out (torchvision cannot be installed here)."""
 
@@ -404,3 +393,14 @@ class LongLoop(nn.Module):
         for _ in range(self.steps):
             x = torch.tanh(self.cell(x)) + 1
         return x
+
+
+class Func(nn.Module):
+    """A model whose forward is one function of its input."""
+
+    def __init__(self, func: Callable) -> None:
+        super().__init__()
+        self.func = func
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.func(x)
