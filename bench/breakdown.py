@@ -183,7 +183,7 @@ def _timer_overhead_ns() -> float:
     return statistics.median(means)
 
 
-def _no_site(stop: Any = None, stop_site: tuple | None = None) -> None:
+def _no_site(stop: Any = None, stop_site: tuple | None = None, start: Any = None) -> None:
     return None
 
 

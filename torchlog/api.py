@@ -15,6 +15,7 @@ from torchlog.arguments import Request, check_render_options, prepare
 from torchlog.assemble import assemble
 from torchlog.capture.run import module_table
 from torchlog.capture import CaptureOptions, CapturedPass, Failure, run_captured
+from torchlog.collector import collector_paused
 from torchlog.errors import (
     CompiledModelWarning,
     InvalidOptionError,
@@ -149,9 +150,13 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
          gradient_sink: Callable | None = None) -> ModelHistory:
     """One captured pass keeping what `capture` asks for, built into a history; re-raises
     what forward raised (see _partial)."""
-    captured, store = _capture(request, capture, gradient_sink)
+    with collector_paused():
+        captured, store = _capture(request, capture, gradient_sink)
+        if captured.failure is None:
+            history = _build(request, captured, started, prune, store)
+        else:
+            history = _partial(request, captured, started, prune, store)
     if captured.failure is not None:
-        history = _partial(request, captured, started, prune, store)
         if (on_error or request.options.on_error) == "return":
             return history
         error, captured = captured.failure.error, None
@@ -159,7 +164,6 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
             raise error  # the model's own exception, its traceback intact
         finally:
             del error  # the traceback keeps this frame: it must not keep the error in turn
-    history = _build(request, captured, started, prune, store)
     if expected is not None and [p.func_name for p in expected] != [p.func_name for p in all_passes(history)]:
         raise NondeterministicModelError(
             f"{history.model_name} ran different ops on two passes with random seed "

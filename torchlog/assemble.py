@@ -11,6 +11,7 @@ from torchlog.loops import group_into_layers
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParentEdge, PassRecord
 
 _KINDS = {kind.value: kind for kind in NodeKind}  # a raw node's kind -> the record's
+_new = tuple.__new__  # ParentEdge(label, arg) without the Python-level __new__: 0.5 us less per edge
 _SOURCE_TYPES = {"input": "input", "output": "output", "buffer": "buffer", "source": "tensor"}
 
 __all__ = ["Assembled", "assemble"]
@@ -77,10 +78,10 @@ def _pass_record(node: RawNode, labels: list, module_texts: dict[int, tuple[str,
         label, layer, layer_type, node.func_name,
         NodeKind.CREATED if kind == "op" and not node.parents else _KINDS[kind],
         node.index, pass_num, num_passes, node.meta, node.saved,
-        tuple([ParentEdge(labels[p][0], arg) for p, arg in node.parents]),
+        tuple([_new(ParentEdge, (labels[p][0], arg)) for p, arg in node.parents]),
         tuple([labels[c][0] for c in node.children]),
         node.params, node.grad_fn_name, containing,
-        tuple([f"{a}:{c}" for a, c in node.output_of]) if node.output_of else (),
+        tuple([_call_text(call, module_texts) for call in node.output_of]) if node.output_of else (),
         node.output_index, node.elapsed_ns / 1e9, node.is_inplace,
         node.address if kind in ("buffer", "input") else None,
         node.func_args, node.rng_state, node.extra or {}, site_text, None,

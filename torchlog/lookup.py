@@ -80,20 +80,24 @@ class KeyIndex:
     def _add_modules(self, modules: Mapping[str, ModuleRecord], by_label: dict[str, PassRecord]) -> None:
         """Module addresses (and a shared module's other addresses) find their first output;
         innermost modules claim a key first."""
-        named = ((name, m) for m in reversed(modules.values()) for name in (m.address, *m.aliases))
-        for address, module in named:
+        add, targets = self._add, self._targets
+        for module in reversed(modules.values()):
+            if not module.call_outputs:
+                continue  # never called: no keys
             firsts = [by_label.get(call[0]) if call else None for call in module.call_outputs]
-            if len(firsts) == 1 and firsts[0] is not None:
-                self._add(address, firsts[0].label, firsts[0].num_passes)
-            for k, record in enumerate(firsts, start=1):
-                if record is not None:
-                    self._add(f"{address}:{k}", record.label, record.num_passes)
-            if len(firsts) > 1 and all(r is not None for r in firsts):
-                owners = {r.layer_label for r in firsts}
-                layer = self._targets.get(next(iter(owners))) if len(owners) == 1 else None
-                if layer is not None and layer not in self._positions \
-                        and self._num_passes[layer] == len(firsts):
-                    self._add(address, layer, len(firsts), listed=False)
+            only = firsts[0] if len(firsts) == 1 else None
+            for address in (module.address, *module.aliases) if module.aliases else (module.address,):
+                if only is not None:
+                    add(address, only.label, only.num_passes)
+                for k, record in enumerate(firsts, start=1):
+                    if record is not None:
+                        add(f"{address}:{k}", record.label, record.num_passes)
+                if len(firsts) > 1 and all(r is not None for r in firsts):
+                    owners = {r.layer_label for r in firsts}
+                    layer = targets.get(next(iter(owners))) if len(owners) == 1 else None
+                    if layer is not None and layer not in self._positions \
+                            and self._num_passes[layer] == len(firsts):
+                        add(address, layer, len(firsts), listed=False)
 
     def resolve(self, key: str) -> str | None:
         """The label of the pass or layer `key` names, or None."""

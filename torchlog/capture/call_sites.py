@@ -7,21 +7,50 @@ from typing import Any
 
 import torch
 
-__all__ = ["call_site", "mark_boundary", "mark_user_code", "name_of"]
+__all__ = ["CodeInfo", "call_site", "mark_boundary", "mark_user_code", "name_of"]
 
 # torch's package and torchlog's (two levels above this file): frames there are not user code.
 _TORCHLOG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep, _TORCHLOG_DIR + os.sep)
 # The built-in example model lives in the package but is user code: its lines are call sites.
 _USER_FILES = (os.path.join(_TORCHLOG_DIR, "demo.py"),)
-# code object -> True (torch or torchlog), False (user code) or _BOUNDARY (the frame that
-# runs the model: nothing above it is inside the forward pass).
-_internal_code: dict[Any, Any] = {}
-_BOUNDARY = 2
+_BOUNDARY = 2  # CodeInfo.internal of the frame that runs the model: nothing above it is in the pass
 
 
-def call_site(stop: Any = None, stop_site: tuple | None = None) -> tuple | None:
-    """(code, instruction offset, line) of the nearest frame outside torch and torchlog: where user code called the op.
+class CodeInfo:
+    """One code object as call sites name it: made once per code object and kept.
+
+    A call site holds this, not the code object, because a code object's hash is worked
+    out afresh on every use from its bytecode, names and constants (about 1 µs): a site
+    is hashed at every op's walk and again when ops are grouped into layers. This one
+    hashes by identity. `internal` is True for torch and torchlog code, False for user
+    code, and `_BOUNDARY` for the frame that runs the model.
+    """
+
+    __slots__ = ("code", "internal", "co_filename", "co_name", "co_firstlineno")
+
+    def __init__(self, code: Any, internal: Any) -> None:
+        self.code, self.internal = code, internal
+        self.co_filename, self.co_name, self.co_firstlineno = code.co_filename, code.co_name, code.co_firstlineno
+
+    def __repr__(self) -> str:
+        return f"<CodeInfo {self.co_name} at {self.co_filename}:{self.co_firstlineno}>"
+
+
+# id(code object) -> its CodeInfo, which holds the code object alive, so the id stays its own.
+_codes: dict[int, CodeInfo] = {}
+
+
+def _learn(code: Any, internal: Any = None) -> CodeInfo:
+    if internal is None:
+        internal = code.co_filename.startswith(_INTERNAL_DIRS) and code.co_filename not in _USER_FILES
+    info = _codes[id(code)] = CodeInfo(code, internal)
+    return info
+
+
+def call_site(stop: Any = None, stop_site: tuple | None = None, start: Any = None) -> tuple | None:
+    """(CodeInfo, instruction offset, line) of the nearest frame outside torch and torchlog:
+    where user code called the op.
 
     None when no user code runs between the model's call and the op (a model built only
     of torch modules). A handful of frame hops with a per-code cache: cheap enough to do
@@ -29,19 +58,21 @@ def call_site(stop: Any = None, stop_site: tuple | None = None) -> tuple | None:
     frame that called the model (see `mark_boundary`), never climbing the caller's stack.
     Reaching frame `stop` (the one running the innermost module's forward) answers
     `stop_site`, the module's own call site, found by the same walk when it was entered.
+    The walk starts at frame `start`, by default the caller of call_site's caller.
     """
-    frame = sys._getframe(2)
+    frame = sys._getframe(2) if start is None else start
+    codes = _codes
     while frame is not None:
         if frame is stop:
             return stop_site
         code = frame.f_code
-        internal = _internal_code.get(code)
-        if internal is None:
-            internal = _internal_code[code] = (code.co_filename.startswith(_INTERNAL_DIRS)
-                                               and code.co_filename not in _USER_FILES)
+        info = codes.get(id(code))
+        if info is None:
+            info = _learn(code)
+        internal = info.internal
         if not internal:
             # The instruction offset tells apart two ops on one line (`x + a + b`).
-            return (code, frame.f_lasti, frame.f_lineno)
+            return (info, frame.f_lasti, frame.f_lineno)
         if internal is _BOUNDARY:
             return None
         frame = frame.f_back
@@ -50,12 +81,12 @@ def call_site(stop: Any = None, stop_site: tuple | None = None) -> tuple | None:
 
 def mark_boundary(code: Any) -> None:
     """Stop call-site walks at frames running `code` (the torchlog function that calls the model)."""
-    _internal_code[code] = _BOUNDARY
+    _learn(code, _BOUNDARY)
 
 
 def mark_user_code(code: Any) -> None:
     """Treat frames running `code` as user code: their instructions are call sites."""
-    _internal_code[code] = False
+    _learn(code, False)
 
 
 def name_of(func: Any) -> str:

@@ -28,6 +28,8 @@ def find_tensors(obj: Any, path: Any = (), attributes: bool = False) -> list[tup
     With `attributes`, so are the instance attributes of plain objects (a class with
     `self.tensor = t`), each step an `Attribute`; modules, classes and functions are not.
     """
+    if type(obj) is _Tensor:  # the usual module output
+        return [(obj, path)]
     found: list[tuple[torch.Tensor, Any]] = []
     _walk(obj, path, found, 0, set() if attributes else None)
     return found

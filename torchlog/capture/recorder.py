@@ -429,14 +429,17 @@ class Recorder:
         if ref is not None:
             ref.version = _WATCHED
 
-    def _call_site(self) -> tuple | None:
-        """Where user code made the current op or module call: the search stops at the
-        frame running the innermost module (answer: its call site) or, at the top, at the
-        frame that called the model (answer: the line that called log_forward_pass)."""
+    def _call_site(self, start: Any = None) -> tuple | None:
+        """Where user code made the current op or module call: the search, from frame
+        `start` (by default the caller's caller), stops at the frame running the innermost
+        module (answer: its call site) or, at the top, at the frame that called the model
+        (answer: the line that called log_forward_pass)."""
+        if start is None:
+            start = sys._getframe(2)
         frames = self.module_frames
         if frames:
-            return call_site(frames[-1], self.module_sites[-1])
-        return call_site(self.root_frame, self.root_site)
+            return call_site(frames[-1], self.module_sites[-1], start)
+        return call_site(self.root_frame, self.root_site, start)
 
     def _record_result(self, func: Callable, name: str, writes_first_arg: bool, args: tuple,
                        kwargs: dict, out: Any, elapsed: int, parents: list, params: list,
@@ -460,7 +463,8 @@ class Recorder:
                     parents: list, params: list) -> None:
         """`_record` and `_new_node` for the usual op: one plain tensor out, no argument copies."""
         self._call_count += 1
-        site = (self._call_site(), self.module_sites)
+        # Frames: this one, on_op, the mode's __torch_function__, then the code calling the op.
+        site = (self._call_site(sys._getframe(3)), self.module_sites)
         nodes, producer = self.nodes, self.producer
         index = len(nodes)
         key = id(t)
@@ -502,6 +506,19 @@ class Recorder:
                     self._reference(index, t, self._saved_versions[prior.index])
             elif key in self.buffer_addresses:
                 self._save_copy(node, t)  # a buffer written in place: restored after the pass
+            elif self._save_plain and version != -1:  # `_save` inlined for its usual case
+                storage = _storage_address(t)
+                if (storage in self._buffer_storages or index in opts.copy_indices
+                        or (not opts.save_all and t._base is not None)):
+                    self._save(node, t)
+                else:
+                    node.saved = t.detach() if opts.detach and t.requires_grad else t
+                    self._saved_versions[index] = version
+                    held = self._by_storage.get(storage)
+                    if held is None:
+                        self._by_storage[storage] = [index]
+                    else:
+                        held.append(index)
             else:
                 self._save(node, t)
         if changed:
@@ -725,10 +742,9 @@ class Recorder:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        site = self._call_site()
-        self.module_sites = self.module_sites + (site,)
-        frames = self.module_frames
-        self.module_frames = frames + (sys._getframe(1),)  # torch's frame running this forward
+        frame = sys._getframe(1)  # torch's frame running this forward
+        self.module_sites = self.module_sites + (self._call_site(frame),)
+        self.module_frames = self.module_frames + (frame,)
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         address = self.module_addresses.get(id(module))

@@ -1,0 +1,90 @@
+"""The cyclic garbage collector is off while a pass is logged and left as it was after."""
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import torchlog
+from torchlog.collector import collector_paused
+
+
+class _SeesCollector(nn.Module):
+    """Notes whether the collector was on while its forward ran; raises when asked."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.fail = fail
+        self.seen: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(gc.isenabled())
+        if self.fail:
+            raise ValueError("the model failed")
+        return x + 1
+
+
+@pytest.fixture
+def collector_on():
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+def test_off_during_the_pass_and_on_after(collector_on):
+    model = _SeesCollector()
+    torchlog.log_forward_pass(model, torch.ones(2))
+    assert model.seen == [False]
+    assert gc.isenabled()
+
+
+def test_left_off_when_it_was_off(collector_on):
+    gc.disable()
+    model = _SeesCollector()
+    torchlog.log_forward_pass(model, torch.ones(2))
+    assert model.seen == [False] and not gc.isenabled()
+
+
+def test_turned_back_on_when_forward_raises(collector_on):
+    model = _SeesCollector(fail=True)
+    with pytest.raises(ValueError, match="the model failed"):
+        torchlog.log_forward_pass(model, torch.ones(2))
+    assert model.seen == [False] and gc.isenabled()
+
+
+def test_layers_to_save_runs_two_passes_both_paused(collector_on):
+    model = _SeesCollector()
+    torchlog.log_forward_pass(model, torch.ones(2), layers_to_save=["add"])
+    assert model.seen == [False, False] and gc.isenabled()
+
+
+def test_overlapping_threads_share_one_pause(collector_on):
+    # Thread A enters and waits inside the pause while B enters and leaves: the collector
+    # must stay off until A leaves too, then come back on.
+    a_inside, b_done = threading.Event(), threading.Event()
+    states: dict[str, bool] = {}
+
+    def a() -> None:
+        with collector_paused():
+            a_inside.set()
+            b_done.wait(timeout=30)
+            states["a after b left"] = gc.isenabled()
+
+    def b() -> None:
+        a_inside.wait(timeout=30)
+        with collector_paused():
+            states["b inside"] = gc.isenabled()
+        b_done.set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert states == {"a after b left": False, "b inside": False}
+    assert gc.isenabled()
