@@ -48,6 +48,11 @@ class TwoInputs(nn.Module):
         return a + b
 
 
+class KeywordInput(nn.Module):
+    def forward(self, a, *, scale):
+        return a * scale
+
+
 def _meta_model() -> nn.Module:
     with torch.device("meta"):
         return nn.Linear(4, 4)
@@ -90,6 +95,10 @@ ROWS: list[Row] = [
      ModelInputError, TypeError, lambda c: "array([[1., 1.", "Pass tensors"),
     ("too many inputs", lambda c: torchlog.log_forward_pass(TwoInputs(), [c.x, c.x, c.x]),
      ModelInputError, TypeError, lambda c: "3 positional", "forward(a, b)"),
+    ("too few inputs", lambda c: torchlog.log_forward_pass(TwoInputs(), c.x),
+     ModelInputError, TypeError, lambda c: "1 positional", "forward(a, b)"),
+    ("required keyword-only input missing", lambda c: torchlog.log_forward_pass(KeywordInput(), c.x),
+     ModelInputError, TypeError, lambda c: "'scale'", "forward(a, scale)"),
     ("input_kwargs not a dict", lambda c: torchlog.log_forward_pass(TwoInputs(), [c.x], [("b", c.x)]),
      InvalidArgumentTypeError, TypeError, lambda c: "[('b', tensor(", "dict"),
     ("unknown input_kwargs key", lambda c: torchlog.log_forward_pass(TwoInputs(), [c.x], {"c": c.x}),

@@ -49,6 +49,7 @@ _INPLACE_DUNDERS = frozenset(
 # bump another version counter, so each read checks the storage's last write instead.
 _WATCHED = -2
 _DATA_GET = torch._C.TensorBase.__dict__["data"].__get__
+_WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
 
 
 class _TensorRef(weakref.ref):
@@ -742,8 +743,12 @@ class Recorder:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        frame = sys._getframe(1)  # torch's frame running this forward
-        self.module_sites = self.module_sites + (self._call_site(frame),)
+        frame = sys._getframe(1)  # torch's frame running this forward (`inner` in `_call_impl`)
+        start = sys._getframe(3)
+        # Through `module(x)` the frames are inner, _call_impl, _wrapped_call_impl, then the
+        # caller: start there, without making Python frame objects for the two between.
+        start = start.f_back if start.f_code is _WRAPPED_CALL_CODE else frame
+        self.module_sites = self.module_sites + (self._call_site(start),)
         self.module_frames = self.module_frames + (frame,)
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
