@@ -23,7 +23,7 @@ from torchlog.capture.transfer import DeviceCopier
 from torchlog.capture.writes import DATA_SET
 from torchlog.records import ParamInfo, TensorMeta
 
-__all__ = ["Recorder"]
+__all__ = ["PASS_THROUGH", "Recorder"]
 
 _Tensor = torch.Tensor
 _SETITEM = _Tensor.__setitem__
@@ -69,12 +69,17 @@ def _describe(func: Callable) -> tuple[str, bool, bool, Callable | None, int | N
     entry = (name, name in _NOT_OPS and func is not torch.autograd.grad, inplace,
              expandable_body(func), _inplace_parameter(func))
     _DESCRIPTIONS[func] = entry
+    if entry[1]:
+        PASS_THROUGH.add(func)
     return entry
 
 
 # function -> _describe(function). A Python functional whose body ran a single op is
 # stored with no body from then on (`Recorder.collapse`): it runs as that one op.
 _DESCRIPTIONS: dict[Any, tuple] = {}
+# The functions described so far that are not ops (metadata reads such as `Tensor.size`):
+# the capture mode runs them straight away, without calling the recorder.
+PASS_THROUGH: set[Any] = set()
 
 
 def _inplace_parameter(func: Callable) -> int | None:

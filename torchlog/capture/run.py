@@ -16,7 +16,7 @@ from torchlog.capture.call_sites import call_site, mark_boundary
 from torchlog.capture.captured import CapturedPass, ModuleInfo
 from torchlog.capture.nesting import Attribute, find_tensors
 from torchlog.capture.options import CaptureOptions
-from torchlog.capture.recorder import Recorder
+from torchlog.capture.recorder import PASS_THROUGH, Recorder
 from torchlog.errors import NestedLoggingError
 
 __all__ = ["module_table", "run_captured"]
@@ -33,6 +33,8 @@ class _CaptureMode(TorchFunctionMode):
         recorder.mode = self  # pushed again while a Python functional's body runs
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in PASS_THROUGH:  # a metadata read (`x.size()`, `x.shape`): nothing to record
+            return func(*args, **kwargs) if kwargs else func(*args)
         return self.on_op(func, args, kwargs or {})
 
 
