@@ -50,6 +50,8 @@ _INPLACE_DUNDERS = frozenset(
 _WATCHED = -2
 _DATA_GET = torch._C.TensorBase.__dict__["data"].__get__
 _WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
+# TensorMeta(...) without the NamedTuple's Python-level __new__ (a frame per op).
+_new = tuple.__new__
 
 
 class _TensorRef(weakref.ref):
@@ -229,7 +231,7 @@ class Recorder:
         nodes = self.nodes
         index = len(nodes)
         node = RawNode(index, kind, func_name, parents, params, self.module_stack,
-                       output_index, call_id, TensorMeta(tuple(t.shape), t.dtype, t.nbytes))
+                       output_index, call_id, _new(TensorMeta, (tuple(t.shape), t.dtype, t.nbytes)))
         nodes.append(node)
         for parent, _ in parents:
             children = nodes[parent].children
@@ -489,7 +491,7 @@ class Recorder:
             prior = nodes[ref.node]
             changed = name_inplace or ref.version not in (version, _WATCHED)
         node = RawNode(index, "op", name, parents, tuple(params) if params else (), self.module_stack,
-                       0, self._call_count, TensorMeta(tuple(t.shape), t.dtype, t.nbytes))
+                       0, self._call_count, _new(TensorMeta, (tuple(t.shape), t.dtype, t.nbytes)))
         nodes.append(node)
         for parent, _ in parents:
             children = nodes[parent].children
