@@ -59,6 +59,18 @@ class KeyIndex:
         for layer in layers:
             passes = layer.passes
             num = len(passes)
+            if num == 1:  # the usual layer: its label, 'label:1', short and 'short:1' find its pass
+                label = passes[0].label  # the layer's label too
+                if label not in positions:
+                    continue
+                short = label[:label.rfind("_")]
+                for key, listed in ((label, True), (label + ":1", True), (short, False), (short + ":1", False)):
+                    if key not in targets:
+                        targets[key] = label
+                        num_passes[label] = 1
+                        if listed:
+                            keys_of.setdefault(label, []).append(key)
+                continue
             shown = [r for r in passes if r.label in positions]
             target = passes[0].label if num == 1 else layer.label
             short = layer.label.rsplit("_", 1)[0]
@@ -80,10 +92,23 @@ class KeyIndex:
     def _add_modules(self, modules: Mapping[str, ModuleRecord], by_label: dict[str, PassRecord]) -> None:
         """Module addresses (and a shared module's other addresses) find their first output;
         innermost modules claim a key first."""
-        add, targets = self._add, self._targets
+        add, targets, num_passes, keys_of, positions = (self._add, self._targets, self._num_passes,
+                                                        self._keys_of, self._positions)
         for module in reversed(modules.values()):
             if not module.call_outputs:
                 continue  # never called: no keys
+            if len(module.call_outputs) == 1 and not module.aliases:  # the usual module: `_add` inlined
+                call = module.call_outputs[0]
+                record = by_label.get(call[0]) if call else None
+                if record is not None:
+                    label, address = record.label, module.address
+                    for key in (address, address + ":1"):
+                        if key not in targets:
+                            targets[key] = label
+                            num_passes[label] = record.num_passes
+                            if label in positions:
+                                keys_of.setdefault(label, []).append(key)
+                continue
             firsts = [by_label.get(call[0]) if call else None for call in module.call_outputs]
             only = firsts[0] if len(firsts) == 1 else None
             for address in (module.address, *module.aliases) if module.aliases else (module.address,):
