@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -88,3 +89,17 @@ def test_overlapping_threads_share_one_pause(collector_on):
         t.join(timeout=60)
     assert states == {"a after b left": False, "b inside": False}
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("options", [{}, {"layers_to_save": ["relu"]}, {"save_function_args": True}],
+                         ids=["all", "some", "function args"])
+def test_deleting_the_history_frees_its_activations_without_the_collector(collector_on, options):
+    # No reference cycle may hold the recorder (whose nodes name the saved values): with the
+    # collector off, only reference counting can free them.
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    gc.disable()
+    history = torchlog.log_forward_pass(model, torch.randn(3, 4), **options)
+    saved = weakref.ref(history["relu_1_2"].saved)
+    assert saved() is not None
+    del history
+    assert saved() is None

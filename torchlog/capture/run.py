@@ -95,6 +95,12 @@ def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dic
         for handle in handles:
             handle.remove()
         _active.recording = False
+        # The recorder names the mode (which names it back) and frames of this call (whose
+        # locals name it): drop them, so that the recorder and its nodes (which hold the
+        # saved values) are freed by reference counting, not by the next cyclic collection,
+        # and deleting a history frees its activations at once.
+        recorder.mode = recorder.root_frame = None
+        recorder.module_frames = ()
 
 
 mark_boundary(_run_recorded.__code__)  # call sites are searched below the model's call only
