@@ -91,11 +91,13 @@ def test_overlapping_threads_share_one_pause(collector_on):
     assert gc.isenabled()
 
 
-@pytest.mark.parametrize("options", [{}, {"layers_to_save": ["relu"]}, {"save_function_args": True}],
-                         ids=["all", "some", "function args"])
+@pytest.mark.parametrize("options", [{}, {"layers_to_save": ["relu"]}, {"save_function_args": True},
+                                     {"profile": True}],
+                         ids=["all", "some", "function args", "profile"])
 def test_deleting_the_history_frees_its_activations_without_the_collector(collector_on, options):
-    # No reference cycle may hold the recorder (whose nodes name the saved values): with the
-    # collector off, only reference counting can free them.
+    # No reference cycle may hold the recorder (whose nodes name the saved values), nor one
+    # through autograd (profile's saved-tensor hooks: relu saves its output for backward):
+    # with the collector off, only reference counting can free them.
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     gc.disable()
     history = torchlog.log_forward_pass(model, torch.randn(3, 4), **options)

@@ -74,7 +74,10 @@ class OpProfiler:
         if key not in self._kept and key not in self._seen:
             self._seen.add(key)
             self._saved += nbytes
-        return t, _version(t)
+        # A detached alias (same memory, same version counter): the tensor itself would make
+        # a cycle for an op that saves its own output (relu): output -> grad_fn -> saved
+        # value -> output, which no collector frees when backward never runs.
+        return t.detach(), _version(t)
 
     @staticmethod
     def _unpack(packed: tuple[torch.Tensor, int]) -> torch.Tensor:
