@@ -1,6 +1,6 @@
 """What transparent huge pages do to logging a model whose saved activations are large.
 
-Run `.venv/bin/python bench/hugepages.py` (add `--repeats N`, `--json PATH`).
+Run `.venv/bin/python bench/hugepages.py` (add `--repeats N`, `--json PATH`; `--quick`: a smoke run).
 
 Logging keeps every activation alive, so the allocator cannot hand an op the memory the
 previous op just freed, as it does in a plain forward pass: each saved byte lands on a
@@ -37,7 +37,7 @@ import torch
 torch.set_num_threads(1)
 import torchlog
 from models import resnet50
-model, x = resnet50(), torch.randn(1, 3, 224, 224)
+model, x = resnet50(), torch.randn(1, 3, {size}, {size})
 plain, logged, faults = [], [], []
 with torch.no_grad():
     model(x); torchlog.log_forward_pass(model, x)  # warm-up
@@ -53,14 +53,14 @@ print(json.dumps({{"plain_ms": statistics.median(plain) * 1e3, "log_ms": statist
 """
 
 
-def measure(tunable: bool, repeats: int) -> dict:
+def measure(tunable: bool, repeats: int, size: int = 224) -> dict:
     """Plain and logged median ms and the median page faults of a logged pass, in a child process."""
     env = dict(os.environ)
     env.pop("GLIBC_TUNABLES", None)
     if tunable:
         env["GLIBC_TUNABLES"] = TUNABLE
     bench = str(Path(__file__).resolve().parent)
-    done = subprocess.run([sys.executable, "-c", _CHILD.format(bench=bench, repeats=repeats)],
+    done = subprocess.run([sys.executable, "-c", _CHILD.format(bench=bench, repeats=repeats, size=size)],
                           capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the child process failed:\n{done.stderr[-3000:]}")
@@ -81,9 +81,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="timed plain and logged passes per child")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--quick", action="store_true", help="a 64x64 input and one repeat: a smoke run")
     args = parser.parse_args()
-    rows = {"default": measure(False, args.repeats), TUNABLE: measure(True, args.repeats)}
-    print(f"ResNet-50 224x224, every layer saved; kernel THP mode: {_thp_mode()}")
+    repeats, size = (1, 64) if args.quick else (args.repeats, 224)
+    rows = {"default": measure(False, repeats, size), TUNABLE: measure(True, repeats, size)}
+    print(f"ResNet-50 {size}x{size}, every layer saved; kernel THP mode: {_thp_mode()}")
     print(f"{'environment':<28} {'plain ms':>9} {'log ms':>9} {'ratio':>6} {'faults per log':>15}")
     for name, row in rows.items():
         print(f"{name:<28} {row['plain_ms']:>9.1f} {row['log_ms']:>9.1f} {row['ratio']:>6.2f} "

@@ -1,6 +1,6 @@
 """Milliseconds per `log_forward_pass` in a loop of calls, as an extraction loop runs them.
 
-Run `.venv/bin/python bench/repeated.py [--json PATH]`.
+Run `.venv/bin/python bench/repeated.py [--json PATH]` (`--quick`: a smoke run of two small models).
 
 bench/run.py times each sample after `gc.collect()`, so that every sample starts from the
 same heap; a loop that logs batch after batch does not, and there Python's cyclic garbage
@@ -27,8 +27,11 @@ import torchlog  # noqa: E402
 from models import DeepMLP, SimpleRecurrent, _seed_input, _tokens, gpt2_small, tiny_llama  # noqa: E402
 
 
-def cases() -> dict:
-    """name -> (model, input, calls per round)."""
+def cases(quick: bool = False) -> dict:
+    """name -> (model, input, calls per round); with `quick`, two small models, few calls."""
+    if quick:
+        return {"Linear(8, 8) on (2, 8)": (torch.nn.Linear(8, 8).eval(), torch.randn(2, 8), 20),
+                "SimpleRecurrent (seed)": (SimpleRecurrent().eval(), _seed_input(), 10)}
     return {
         "Linear(8, 8) on (2, 8)": (torch.nn.Linear(8, 8).eval(), torch.randn(2, 8), 1000),
         "SimpleRecurrent (seed)": (SimpleRecurrent().eval(), _seed_input(), 400),
@@ -53,15 +56,17 @@ def per_call_ms(fn, calls: int, rounds: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--quick", action="store_true", help="two small models, few calls: a smoke run")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = {}
+    rounds = 2 if args.quick else 5
     with torch.no_grad():
-        for name, (model, x, calls) in cases().items():
+        for name, (model, x, calls) in cases(args.quick).items():
             for _ in range(3):  # warm-up
                 torchlog.log_forward_pass(model, x)
-            logged = per_call_ms(lambda: torchlog.log_forward_pass(model, x), calls)
-            plain = per_call_ms(lambda: model(x), calls)
+            logged = per_call_ms(lambda: torchlog.log_forward_pass(model, x), calls, rounds)
+            plain = per_call_ms(lambda: model(x), calls, rounds)
             rows[name] = {"log_ms": logged, "plain_ms": plain}
     print(f"torchlog from {Path(torchlog.__file__).parent}; ms per call in a loop of calls")
     print(f"{'model':<24} {'log ms':>9} {'plain ms':>9}")

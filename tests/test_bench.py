@@ -152,3 +152,28 @@ def test_breakdown_restores_what_it_patched():
     done = subprocess.run([sys.executable, "-c", _RESTORE_CHECK], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "restored" in done.stdout, done.stderr[-4000:]
+
+
+def _run_script(name: str, tmp_path: Path) -> dict:
+    json_path = tmp_path / f"{name}.json"
+    argv = [sys.executable, str(ROOT / "bench" / f"{name}.py"), "--quick", "--json", str(json_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(json_path.read_text())
+
+
+def test_repeated_quick_times_each_model_in_a_loop(tmp_path: Path):
+    """bench/repeated.py --quick: a row per model with its logged and plain ms; no timing asserted."""
+    figures = _run_script("repeated", tmp_path)
+    assert set(figures["rows"]) == {"Linear(8, 8) on (2, 8)", "SimpleRecurrent (seed)"}
+    for row in figures["rows"].values():
+        assert row["log_ms"] > 0 and row["plain_ms"] > 0
+
+
+def test_hugepages_quick_measures_both_environments(tmp_path: Path):
+    """bench/hugepages.py --quick: both child processes ran and counted their page faults."""
+    figures = _run_script("hugepages", tmp_path)
+    assert set(figures["rows"]) == {"default", "glibc.malloc.hugetlb=1"}
+    for row in figures["rows"].values():
+        assert row["plain_ms"] > 0 and row["log_ms"] > 0 and row["faults"] >= 0
+        assert row["ratio"] == pytest.approx(row["log_ms"] / row["plain_ms"])
