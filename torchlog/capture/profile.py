@@ -2,7 +2,8 @@
 
 Saved bytes are counted with `torch.autograd.graph.saved_tensors_hooks`, entered once around
 the forward pass: the pack hook adds up the storages autograd saves while an op runs and
-hands back the tensor itself, so nothing is copied. Parameters and buffers are left out: they
+hands back a detached alias of the tensor (same memory and version counter), so nothing is
+copied and no cycle ties an op's saved output to its own grad_fn. Parameters and buffers are left out: they
 stay in memory whatever the op does. As without hooks, backward raises if a saved tensor was
 changed in place after it was saved. On CUDA, each op runs between two synchronizations, so
 its time includes its kernels, and the peak is `max_memory_allocated()` during the op over
