@@ -157,9 +157,10 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
         else:
             history = _partial(request, captured, started, prune, store)
     if captured.failure is not None:
+        error, captured = captured.failure.error, None  # see _capture: no cycle through this frame
         if (on_error or request.options.on_error) == "return":
+            del error
             return history
-        error, captured = captured.failure.error, None
         try:
             raise error  # the model's own exception, its traceback intact
         finally:
@@ -194,7 +195,13 @@ def _capture(request: Request, capture: CaptureOptions,
             break
         stale = capture.copy_indices | frozenset(captured.stale_saves)
         capture = replace(capture, copy_indices=stale) if retry == 0 else replace(capture, copy_all=True)
-    return captured, store
+    try:
+        return captured, store
+    finally:
+        # A failed pass's traceback keeps this frame (through the frames below it): it must
+        # not keep the pass, whose failure names the error, in turn, or the error, the
+        # partial history and its activations would wait for the cyclic collector.
+        del captured
 
 
 def _partial(request: Request, captured: CapturedPass, started: float, prune: bool,

@@ -105,3 +105,31 @@ def test_deleting_the_history_frees_its_activations_without_the_collector(collec
     assert saved() is not None
     del history
     assert saved() is None
+
+
+class _RaisesAfterReLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.lin(x))
+        raise ValueError(f"failed after an output of shape {tuple(y.shape)}")
+
+
+def test_a_partial_history_returned_is_freed_without_the_collector(collector_on):
+    # The error's traceback keeps torchlog's frames: none of them may keep the error in turn.
+    gc.disable()
+    history = torchlog.log_forward_pass(_RaisesAfterReLU(), torch.randn(2, 4), on_error="return")
+    saved = weakref.ref(history["relu_1_2"].saved)
+    del history
+    assert saved() is None
+
+
+def test_a_partial_history_on_the_raised_error_is_freed_with_it(collector_on):
+    gc.disable()
+    with pytest.raises(ValueError, match="failed after") as info:
+        torchlog.log_forward_pass(_RaisesAfterReLU(), torch.randn(2, 4))
+    saved = weakref.ref(info.value.torchlog_history["relu_1_2"].saved)
+    del info  # the last name for the error
+    assert saved() is None
