@@ -12,6 +12,7 @@ is kept in memory and applied on attach.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,7 +27,10 @@ class GradientStore:
     """Receives the gradient of each hooked node and files it in that node's PassRecord.
 
     One store serves one forward pass. Hooks keep a reference to the store, so the
-    autograd graph keeps it (and the records it fills) alive until the graph is freed.
+    autograd graph keeps it alive until the graph is freed; the store names the records it
+    fills weakly (a hooked tensor is also a record's saved value: a strong name would tie
+    the two in a cycle only the cyclic collector frees), so a history freed before
+    backward runs leaves nothing to fill.
     `sink`, when given, is called with (op_index, gradient) as each gradient arrives and
     returns what the record keeps instead (a LazyTensor), like CaptureOptions.sink for
     activations; what it raises leaves `backward()` unchanged.
@@ -37,7 +41,7 @@ class GradientStore:
         self.output_device = output_device
         self.sink = sink
         self.num_hooked = 0  # nodes whose tensor required grad and got a hook
-        self._records: dict[int, PassRecord] | None = None
+        self._records: dict[int, weakref.ref] | None = None  # op_index -> its PassRecord
         self._early: dict[int, torch.Tensor] = {}  # gradients that arrived before attach
 
     def on_node(self, node: Any, tensor: torch.Tensor) -> None:
@@ -56,11 +60,17 @@ class GradientStore:
         if self._records is None:
             self._early[index] = self._copy(grad)
             return
-        record = self._records.get(index)
-        if record is None:  # pruned passes (layers_to_save) keep no gradient
+        ref = self._records.get(index)
+        if ref is None:  # pruned passes (layers_to_save) keep no gradient
             return
-        # A sink has stored the gradient when it returns, so it needs no copy of its own.
-        record.grad_saved = self._copy(grad) if self.sink is None else self.sink(index, grad.detach())
+        record = ref()  # None once the history is freed: a sink still gets the gradient
+        if self.sink is not None:
+            # A sink has stored the gradient when it returns, so it needs no copy of its own.
+            kept = self.sink(index, grad.detach())
+            if record is not None:
+                record.grad_saved = kept
+        elif record is not None:
+            record.grad_saved = self._copy(grad)
 
     def _copy(self, grad: torch.Tensor) -> torch.Tensor:
         """A private copy (autograd may reuse the buffer it passed to the hook), on output_device."""
@@ -71,9 +81,10 @@ class GradientStore:
 
     def attach(self, records: Iterable[PassRecord]) -> None:
         """Route gradients to `records` (matched by op_index), including any that came early."""
-        self._records = {record.op_index: record for record in records}
+        records = {record.op_index: record for record in records}
+        self._records = {index: weakref.ref(record) for index, record in records.items()}
         for index, grad in self._early.items():
-            record = self._records.get(index)
+            record = records.get(index)
             if record is not None:
                 record.grad_saved = grad
         self._early.clear()

@@ -92,8 +92,8 @@ def test_overlapping_threads_share_one_pause(collector_on):
 
 
 @pytest.mark.parametrize("options", [{}, {"layers_to_save": ["relu"]}, {"save_function_args": True},
-                                     {"profile": True}],
-                         ids=["all", "some", "function args", "profile"])
+                                     {"profile": True}, {"save_gradients": True}],
+                         ids=["all", "some", "function args", "profile", "gradients"])
 def test_deleting_the_history_frees_its_activations_without_the_collector(collector_on, options):
     # No reference cycle may hold the recorder (whose nodes name the saved values), nor one
     # through autograd (profile's saved-tensor hooks: relu saves its output for backward):
