@@ -6,7 +6,7 @@ import sys
 import weakref
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -87,23 +87,45 @@ def _check_not_meta(named_modules: list) -> None:
                 "materialise the model first (model.to_empty(device='cpu') and load weights)")
 
 
-# forward function -> its signature as a bound method (self left out); read once per
-# function, not per call: inspect.signature costs more than logging a small model.
-_signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+class _Forward(NamedTuple):
+    """A forward's signature as a bound method (self left out), and the fewest and most
+    positional arguments it takes when no keyword is required (None: a keyword is), so
+    that the usual call skips `Signature.bind` (about 20 us)."""
+
+    signature: inspect.Signature
+    fewest: int | None
+    most: float | None
 
 
-def _forward_signature(model: nn.Module) -> inspect.Signature | None:
+# forward function -> its _Forward; read once per function, not per call:
+# inspect.signature costs more than logging a small model.
+_forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _forward(model: nn.Module) -> _Forward | None:
     forward = model.forward
     func = getattr(forward, "__func__", None)
-    signature = _signatures.get(func) if func is not None else None
-    if signature is None:
+    entry = _forwards.get(func) if func is not None else None
+    if entry is None:
         try:
             signature = inspect.signature(forward)
         except (TypeError, ValueError):  # builtins or C extensions: nothing to inspect
             return None
+        params = list(signature.parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if any(p.kind == p.KEYWORD_ONLY and p.default is p.empty for p in params):
+            entry = _Forward(signature, None, None)
+        else:
+            most = float("inf") if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
+            entry = _Forward(signature, sum(p.default is p.empty for p in positional), most)
         if func is not None:
-            _signatures[func] = signature
-    return signature
+            _forwards[func] = entry
+    return entry
+
+
+def _forward_signature(model: nn.Module) -> inspect.Signature | None:
+    entry = _forward(model)
+    return None if entry is None else entry.signature
 
 
 def _forward_params(model: nn.Module) -> list[inspect.Parameter] | None:
@@ -127,34 +149,13 @@ def positional_args(model: nn.Module, input_args: Any) -> tuple:
     return (input_args,)
 
 
-# signature -> (the signature, fewest and most positional arguments it takes when no keyword
-# is required), so that the usual call skips `Signature.bind` (about 20 us). The entry holds
-# the signature, so its id stays its own.
-_positional_ranges: dict[int, tuple[inspect.Signature, int, float] | tuple[inspect.Signature, None, None]] = {}
-
-
-def _positional_range(signature: inspect.Signature) -> tuple[int | None, float | None]:
-    entry = _positional_ranges.get(id(signature))
-    if entry is None or entry[0] is not signature:
-        params = list(signature.parameters.values())
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if any(p.kind == p.KEYWORD_ONLY and p.default is p.empty for p in params):
-            entry = (signature, None, None)  # a keyword is required: always bind
-        else:
-            most = float("inf") if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
-            entry = (signature, sum(p.default is p.empty for p in positional), most)
-        _positional_ranges[id(signature)] = entry
-    return entry[1], entry[2]
-
-
 def _check_binds(model: nn.Module, args: tuple, kwargs: dict) -> None:
-    signature = _forward_signature(model)
-    if signature is None:
+    entry = _forward(model)
+    if entry is None:
         return
-    if not kwargs:
-        fewest, most = _positional_range(signature)
-        if fewest is not None and fewest <= len(args) <= most:
-            return  # positional parameters fill in order: the required ones come first
+    if not kwargs and entry.fewest is not None and entry.fewest <= len(args) <= entry.most:
+        return  # positional parameters fill in order: the required ones come first
+    signature = entry.signature
     params = list(signature.parameters.values())
     try:
         signature.bind(*args, **kwargs)
