@@ -262,13 +262,14 @@ class Recorder:
             else:
                 self._save(node, t)
 
-    def _save(self, node: RawNode, t: torch.Tensor) -> None:
-        """Save `t` by reference where nothing needs a copy now (see `before_write`)."""
+    def _save(self, node: RawNode, t: torch.Tensor, version: int | None = None) -> None:
+        """Save `t` by reference where nothing needs a copy now (see `before_write`);
+        `version` is `t._version` where the caller read it already (-1: none)."""
         opts = self.options
         if self._save_plain:
-            try:
-                version = t._version
-            except RuntimeError:  # an inference tensor: no version counter to check later
+            if version is None:
+                version = _version(t)
+            if version == -1:  # an inference tensor: no version counter to check later
                 node.saved = t.detach().clone()
                 return
             saved = t.detach() if opts.detach and t.requires_grad else t
@@ -514,21 +515,8 @@ class Recorder:
                     self._reference(index, t, self._saved_versions[prior.index])
             elif key in self.buffer_addresses:
                 self._save_copy(node, t)  # a buffer written in place: restored after the pass
-            elif self._save_plain and version != -1:  # `_save` inlined for its usual case
-                storage = _storage_address(t)
-                if (storage in self._buffer_storages or index in opts.copy_indices
-                        or (not opts.save_all and t._base is not None)):
-                    self._save(node, t)
-                else:
-                    node.saved = t.detach() if opts.detach and t.requires_grad else t
-                    self._saved_versions[index] = version
-                    held = self._by_storage.get(storage)
-                    if held is None:
-                        self._by_storage[storage] = [index]
-                    else:
-                        held.append(index)
             else:
-                self._save(node, t)
+                self._save(node, t, version)
         if changed:
             node.is_inplace = True
             self.last_write[_storage_address(t)] = index
