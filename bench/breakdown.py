@@ -13,15 +13,16 @@ of the same variant: timed warm, as in a loop of calls (after another variant's 
 model's caches are cold: nn.Linear(8, 8) takes 50 us instead of 24). Variants and direct timings:
 
 - plain: the model's forward.
-- floor: the forward under a do-nothing TorchFunctionMode with two do-nothing global module
-  hooks (pre and always_call post): the cost of the mechanism itself, before any of ours.
+- floor: the forward under a do-nothing TorchFunctionMode, with every submodule's forward
+  wrapped as capture wraps it (torchlog.capture.boundaries) for a recorder whose enter and
+  leave do nothing: the cost of the mechanism itself, before any of ours.
 - no save / all saved: log_forward_pass with layers_to_save=None and with 'all'. Wrappers
   around torchlog.api._capture, torchlog.capture.run._run_recorded and torchlog.api._build
-  time the capture, the forward under capture (mode, hooks, per-op work) and the build.
+  time the capture, the forward under capture (mode, module wrappers, per-op work) and the build.
 - no call site: no save with `call_site` (as torchlog.capture.recorder and
   torchlog.capture.functionals imported it) answering None.
-- no call site, no module stack: also Recorder.pre_hook/post_hook as no-ops. Call sites are
-  ablated first because pre_hook itself looks up the module's call site; this way no cost is
+- no call site, no module stack: also Recorder.enter/leave as no-ops. Call sites are
+  ablated first because enter itself looks up the module's call site; this way no cost is
   counted twice, and the module-stack difference is not skewed by longer call-site walks.
 - parent timer: no save with Recorder._find_parents wrapped in perf_counter_ns; the sum of
   its intervals, minus one calibrated timer overhead per call, is the parent lookup. (Timing
@@ -33,11 +34,11 @@ model's caches are cold: nn.Linear(8, 8) takes 50 us instead of 24). Variants an
 - per call: log_forward_pass (no save) of nn.Linear(8, 8) on a (2, 8) input minus its plain
   forward: the fixed cost of one call, measured once, printed apart and split into api
   (arguments, options, around the capture), capture set-up (recorder, module table, seeding,
-  model state kept), mode + hooks (its floor - plain), the forward under capture beyond that
+  model state kept), mode + wrappers (its floor - plain), the forward under capture beyond that
   floor, and the build.
 
 Categories, per op (divided by len(history)):
-  mode + hooks = floor - plain                 measured
+  mode + wrappers = floor - plain                 measured
   parent lookup = timer sum                    measured (wall clock, see above)
   call site = forward(no save) - forward(no call site)                    difference
   module stack = forward(no call site) - forward(no call site, no module stack)  difference
@@ -55,7 +56,7 @@ forward and build (printed per call as 'own set-up': parts of it grow with the n
 modules and buffers), plus the build timed directly against the one inside the log call, plus
 noise; IQR, the spread of the total between rounds, shows the noise. Module stack is also
 given per submodule call (the root's call does no bookkeeping and is not counted). Node
-creation also holds the per-call work inside the forward (registering the hooks and the mode,
+creation also holds the per-call work inside the forward (wrapping the forwards and pushing the mode,
 the output nodes): on a model of a dozen ops it is a sizeable part of that row.
 
 `--profile` then runs cProfile over a few logged passes of each op-bound model and shows
@@ -80,7 +81,6 @@ from time import perf_counter, perf_counter_ns, process_time
 from typing import Any
 
 import torch
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import BenchCase, full_cases, quick_cases  # noqa: E402
@@ -93,9 +93,10 @@ import torchlog.capture.functionals as functionals  # noqa: E402
 import torchlog.capture.recorder as recorder  # noqa: E402
 import torchlog.capture.run as capture_run  # noqa: E402
 from torchlog.assemble import assemble  # noqa: E402
+from torchlog.capture.boundaries import module_boundaries  # noqa: E402
 from torchlog.loops import group_into_layers  # noqa: E402
 
-CATEGORIES = ("mode + hooks", "parent lookup", "call site", "module stack", "node creation",
+CATEGORIES = ("mode + wrappers", "parent lookup", "call site", "module stack", "node creation",
               "saving", "grouping", "assembly", "history", "set-up")
 
 
@@ -104,12 +105,18 @@ class _NullMode(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _null_pre_hook(module: Any, args: Any) -> None:
-    return None
+class _NullRecorder:
+    """What module_boundaries needs of a recorder, doing nothing at each module call."""
 
+    def __init__(self, model: Any) -> None:
+        self.named_modules = list(model.named_modules())
+        self.module_addresses = {id(m): a for a, m in self.named_modules if a}
 
-def _null_post_hook(module: Any, args: Any, output: Any) -> None:
-    return None
+    def enter(self, address: str, frame: Any) -> None:
+        return None
+
+    def leave(self, address: str, output: Any) -> None:
+        return None
 
 
 @contextlib.contextmanager
@@ -187,16 +194,16 @@ def _no_site(stop: Any = None, stop_site: tuple | None = None, start: Any = None
     return None
 
 
-def _no_pre_hook(self: Any, module: Any, args: Any) -> None:
+def _no_enter(self: Any, address: str, frame: Any) -> None:
     return None
 
 
-def _no_post_hook(self: Any, module: Any, args: Any, output: Any) -> None:
+def _no_leave(self: Any, address: str, output: Any) -> None:
     return None
 
 
 _NO_SITE = [(recorder, "call_site", _no_site), (functionals, "call_site", _no_site)]
-_NO_MODULES = [(recorder.Recorder, "pre_hook", _no_pre_hook), (recorder.Recorder, "post_hook", _no_post_hook)]
+_NO_MODULES = [(recorder.Recorder, "enter", _no_enter), (recorder.Recorder, "leave", _no_leave)]
 
 
 def _timed_run(fn: Callable[[], Any], patches: list | None = None, clock: _PhaseClock | None = None,
@@ -244,16 +251,11 @@ def _log_call(model: Any, inputs: Any, save: str | None) -> Callable[[], Any]:
 
 
 def _floor_call(model: Any, inputs: Any) -> Callable[[], Any]:
-    """The forward under a do-nothing mode and two do-nothing global module hooks."""
+    """The forward under a do-nothing mode, its submodules' forwards wrapped for a do-nothing recorder."""
     def floor() -> None:
-        handles = [register_module_forward_pre_hook(_null_pre_hook),
-                   register_module_forward_hook(_null_post_hook, always_call=True)]
-        try:
-            with _NullMode():
-                _forward(model, inputs)
-        finally:
-            for handle in handles:
-                handle.remove()
+        null = _NullRecorder(model)  # the walk of the model, as each log call makes one
+        with module_boundaries(null, null.named_modules), _NullMode():
+            _forward(model, inputs)
     return floor
 
 
@@ -277,7 +279,7 @@ def measure_per_call(repeats: int) -> dict[str, float]:
             "plain": plain, "log": log["total"], "fixed": log["total"] - plain,
             "fixed all saved": r["log all"]["total"] - plain,
             "api": log["total"] - log["capture"] - log["build"], "capture set-up": log["capture"] - log["forward"],
-            "forward under capture": log["forward"] - r["floor"]["total"], "mode + hooks": r["floor"]["total"] - plain,
+            "forward under capture": log["forward"] - r["floor"]["total"], "mode + wrappers": r["floor"]["total"] - plain,
             "build": log["build"],
             # outside the forward and the build: what `set-up` adds per call to a model's sum
             "set-up": log["total"] - log["forward"] - log["build"]})
@@ -324,7 +326,7 @@ def _categories(r: dict[str, dict[str, float]], set_up: float) -> dict[str, floa
     fwd = {name: figures["forward"] for name, figures in r.items() if "forward" in figures}
     parents = r["parent timer"]["parents"]
     return {
-        "mode + hooks": t["floor"] - t["plain"],
+        "mode + wrappers": t["floor"] - t["plain"],
         "parent lookup": parents,
         "call site": fwd["no save"] - fwd["no call site"],
         "module stack": fwd["no call site"] - fwd["no call site, no module stack"],
@@ -370,7 +372,7 @@ def breakdown_case(case: BenchCase, repeats: int, per_call: dict[str, float]) ->
     }
 
 
-_SHORT = {"mode + hooks": "mode", "parent lookup": "parents", "call site": "site", "module stack": "modules",
+_SHORT = {"mode + wrappers": "mode", "parent lookup": "parents", "call site": "site", "module stack": "modules",
           "node creation": "nodes", "saving": "saving", "grouping": "group", "assembly": "assemble",
           "history": "history", "set-up": "set-up"}
 
@@ -393,7 +395,7 @@ def format_table(rows: list[dict[str, Any]], per_call: dict[str, float]) -> str:
     lines.append(
         f"per call, Linear(8, 8) on (2, 8), no save: {per_call['log']:.0f} us logged - {per_call['plain']:.0f} us "
         f"plain = {per_call['fixed']:.0f} us fixed: api {per_call['api']:.0f}, capture set-up "
-        f"{per_call['capture set-up']:.0f}, mode + hooks {per_call['mode + hooks']:.0f}, forward under capture "
+        f"{per_call['capture set-up']:.0f}, mode + wrappers {per_call['mode + wrappers']:.0f}, forward under capture "
         f"beyond them {per_call['forward under capture']:.0f}, build {per_call['build']:.0f}; every layer saved: "
         f"{per_call['fixed all saved']:.0f} us fixed. 'set-up' above is api + capture set-up = "
         f"{per_call['set-up']:.0f} us per call")

@@ -111,6 +111,7 @@ def model_state(model: nn.Module) -> Snapshot:
             state[f"{key} {name}"] = hooks
         state[f"{key} training"] = module.training
         state[f"{key} attribute names"] = sorted(vars(module))
+        state[f"{key} own forward identity"] = vars(module).get("forward")  # set on the instance
         state[f"{key} submodules"] = [(n, id(m)) for n, m in module._modules.items()]
     for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, tensor in named:

@@ -50,6 +50,7 @@ _INPLACE_DUNDERS = frozenset(
 _WATCHED = -2
 _DATA_GET = torch._C.TensorBase.__dict__["data"].__get__
 _WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
+_CALL_IMPL_CODE = nn.Module._call_impl.__code__
 # TensorMeta(...) without the NamedTuple's Python-level __new__ (a frame per op).
 _new = tuple.__new__
 
@@ -151,8 +152,8 @@ def _storage_address(t: torch.Tensor) -> int:
 class Recorder:
     """Collects raw nodes for one forward pass of one model in one thread.
 
-    Fed by the capture mode (`on_op`, once per torch call) and the module hooks
-    (`pre_hook`/`post_hook`); plugins add ops of their own with `record_external` and
+    Fed by the capture mode (`on_op`, once per torch call) and the module boundaries
+    (`enter`/`leave`, capture/boundaries.py); plugins add ops of their own with `record_external` and
     `note_failure`. Per op it does the least it can (find parents, time the call, save a
     copy); labels, loop grouping and module summaries wait for assembly. `finish` hands
     over the result as a CapturedPass.
@@ -729,27 +730,23 @@ class Recorder:
             self._failed_op = (name, self.module_stack, nodes)
 
     # ----- module boundaries ------------------------------------------------------------
-    def pre_hook(self, module: nn.Module, args: Any) -> None:
-        # A global hook: it sees every module call in the process, ours or not.
-        address = self.module_addresses.get(id(module))
-        if address is None or threading.get_ident() != self.thread_id:
-            return
-        # Plain Python bookkeeping: no torch call to hide from the mode.
+    def enter(self, address: str, frame: Any) -> None:
+        """Module `address` starts a call; `frame` runs its forward (capture/boundaries.py)."""
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        frame = sys._getframe(1)  # torch's frame running this forward (`inner` in `_call_impl`)
-        start = sys._getframe(3)
-        # Through `module(x)` the frames are inner, _call_impl, _wrapped_call_impl, then the
-        # caller: start there, without making Python frame objects for the two between.
-        start = start.f_back if start.f_code is _WRAPPED_CALL_CODE else frame
+        # Through `module(x)` the frames above are torch's _call_impl and _wrapped_call_impl,
+        # then the caller: start there, past the two.
+        start = frame.f_back
+        if start.f_code is _CALL_IMPL_CODE:
+            start = start.f_back
+            if start.f_code is _WRAPPED_CALL_CODE:
+                start = start.f_back
         self.module_sites = self.module_sites + (self._call_site(start),)
         self.module_frames = self.module_frames + (frame,)
 
-    def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
-        address = self.module_addresses.get(id(module))
-        if address is None or threading.get_ident() != self.thread_id:
-            return
+    def leave(self, address: str, output: Any) -> None:
+        """Module `address` returned `output` (None when it raised)."""
         with torch._C.DisableTorchFunction():
             self._exit(address, output)
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 
+from torchlog.capture.boundaries import module_boundaries
 from torchlog.capture.call_sites import call_site, mark_boundary
 from torchlog.capture.captured import CapturedPass, ModuleInfo
 from torchlog.capture.nesting import Attribute, find_tensors
@@ -72,15 +72,11 @@ def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOp
 
 
 def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward under the mode, the module hooks and the plugins; all removed in `finally`."""
-    handles = []
+    """Forward under the mode, the module boundaries and the plugins; all removed in `finally`."""
     _active.recording = True
     try:
-        # Two global hooks cost the same for any model size; per-module hooks cost ~10 us
-        # per submodule to add and remove. The hooks ignore modules of other models/threads.
-        handles.append(register_module_forward_pre_hook(recorder.pre_hook))
-        handles.append(register_module_forward_hook(recorder.post_hook, always_call=True))
         with contextlib.ExitStack() as plugins:
+            plugins.enter_context(module_boundaries(recorder, recorder.named_modules))
             for plugin in recorder.options.plugins:
                 plugins.enter_context(plugin(recorder))
             if recorder.profiler is not None:  # its saved-tensor hooks, for this thread only
@@ -92,8 +88,6 @@ def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dic
         with torch._C.DisableTorchFunction():
             recorder.add_outputs(output)
     finally:
-        for handle in handles:
-            handle.remove()
         _active.recording = False
         # The recorder names the mode (which names it back) and frames of this call (whose
         # locals name it): drop them, so that the recorder and its nodes (which hold the
