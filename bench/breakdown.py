@@ -21,7 +21,7 @@ model's caches are cold: nn.Linear(8, 8) takes 50 us instead of 24). Variants an
   time the capture, the forward under capture (mode, module wrappers, per-op work) and the build.
 - no call site: no save with `call_site` (as torchlog.capture.recorder and
   torchlog.capture.functionals imported it) answering None.
-- no call site, no module stack: also Recorder.enter/leave as no-ops. Call sites are
+- no call site, no module stack: also Recorder.enter/leave/leave_raised as no-ops. Call sites are
   ablated first because enter itself looks up the module's call site; this way no cost is
   counted twice, and the module-stack difference is not skewed by longer call-site walks.
 - parent timer: no save with Recorder._find_parents wrapped in perf_counter_ns; the sum of
@@ -118,6 +118,9 @@ class _NullRecorder:
     def leave(self, address: str, output: Any) -> None:
         return None
 
+    def leave_raised(self, address: str) -> None:
+        return None
+
 
 @contextlib.contextmanager
 def _patched(changes: list[tuple[Any, str, Any]]) -> Iterator[None]:
@@ -202,8 +205,13 @@ def _no_leave(self: Any, address: str, output: Any) -> None:
     return None
 
 
+def _no_leave_raised(self: Any, address: str) -> None:
+    return None
+
+
 _NO_SITE = [(recorder, "call_site", _no_site), (functionals, "call_site", _no_site)]
-_NO_MODULES = [(recorder.Recorder, "enter", _no_enter), (recorder.Recorder, "leave", _no_leave)]
+_NO_MODULES = [(recorder.Recorder, "enter", _no_enter), (recorder.Recorder, "leave", _no_leave),
+               (recorder.Recorder, "leave_raised", _no_leave_raised)]
 
 
 def _timed_run(fn: Callable[[], Any], patches: list | None = None, clock: _PhaseClock | None = None,

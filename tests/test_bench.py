@@ -131,7 +131,7 @@ sys.path.insert(0, "bench")
 import breakdown, torchlog.api
 from torchlog.capture import call_sites, functionals, recorder, run
 def now():
-    return (recorder.call_site, functionals.call_site, recorder.Recorder.enter, recorder.Recorder.leave,
+    return (recorder.call_site, functionals.call_site, recorder.Recorder.enter, recorder.Recorder.leave, recorder.Recorder.leave_raised,
             recorder.Recorder._find_parents, torchlog.api._capture, torchlog.api._build, run._run_recorded)
 before = now()
 patches = (breakdown._NO_SITE + breakdown._NO_MODULES + breakdown._PhaseClock().patches()

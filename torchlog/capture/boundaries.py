@@ -46,7 +46,7 @@ _getframe = sys._getframe
 
 @contextmanager
 def module_boundaries(recorder: Any, named_modules: list[tuple[str, nn.Module]]) -> Iterator[None]:
-    """Feed `recorder.enter`/`recorder.leave` at every call of a submodule (the root left out)
+    """Feed `recorder.enter` and `recorder.leave` (or `leave_raised`) at every call of a submodule (the root left out)
     in this thread until the block ends; undo everything in `finally`."""
     previous = _state.recorder
     _state.recorder = recorder
@@ -107,7 +107,7 @@ def _wrapper(key: int, forward: Any) -> Any:
         try:
             output = forward(*args, **kwargs)
         except BaseException:
-            recorder.leave(address, None)
+            recorder.leave_raised(address)
             raise
         recorder.leave(address, output)
         return output
