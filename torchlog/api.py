@@ -98,7 +98,7 @@ def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistor
     started = perf_counter()
     entries = request.entries
     if entries is None or entries == []:
-        capture = replace(request.capture, save_all=entries is None, save_indices=frozenset())
+        capture = request.capture  # save_all is set by prepare
         return _run(request, capture, started, prune=False, gradient_sink=gradient_sink)
     nothing = replace(request.capture, save_all=False, save_indices=frozenset())
     probe = _run(request, nothing, started, prune=False, on_error="return")

@@ -56,12 +56,16 @@ def prepare(model: Any, input_args: Any, input_kwargs: Any, options: LogOptions)
             f"input_kwargs must be a dict of keyword arguments, got {input_kwargs!r}")
     args = positional_args(model, input_args)
     _check_binds(model, args, input_kwargs)
-    capture = CaptureOptions(detach=options.detach_saved_tensors, output_device=options.device,
+    # Saving everything (no layers_to_save list) is set here: the usual call then runs
+    # with these capture options as they are.
+    entries = options.entries
+    capture = CaptureOptions(save_all=entries is None, save_indices=frozenset(),
+                             detach=options.detach_saved_tensors, output_device=options.device,
                              postfunc=options.activation_postfunc,
                              save_function_args=options.save_function_args, plugins=_plugins(),
                              profile=options.profile)
     seed = new_seed() if options.random_seed is None else options.random_seed
-    return Request(model, args, input_kwargs, options, seed, options.entries, capture, named)
+    return Request(model, args, input_kwargs, options, seed, entries, capture, named)
 
 
 def _plugins() -> tuple:

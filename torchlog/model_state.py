@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -48,40 +46,54 @@ def is_compiled(model: Any) -> bool:
         getattr(model, "_orig_mod", None), nn.Module)
 
 
-@contextmanager
-def model_kept(named_modules: list) -> Iterator[None]:
+class model_kept:  # noqa: N801 - used like a function: `with model_kept(named_modules):`
     """Undo what forward did to the model's buffers and train/eval flags (BatchNorm stats).
 
     Each pass then starts from the same state (layers_to_save runs the model twice) and
     the model is left as it was. Parameters changed in place are not undone.
     """
-    with torch._C.DisableTorchFunction():  # never logged by an outer log_forward_pass
-        flags = [(module, module.training) for _, module in named_modules]
-        kept = [(module, dict(module._buffers),
-                 {name: b.detach().clone() for name, b in module._buffers.items() if b is not None},
-                 {name: b.data for name, b in module._buffers.items() if b is not None})
-                for _, module in named_modules if module._buffers]
-    try:
-        yield
-    finally:
-        with torch._C.DisableTorchFunction(), torch.no_grad():
-            for module, training in flags:
-                if module.training is not training:  # Module.__setattr__ is slow: only if changed
-                    module.training = training
-            for module, buffers, values, own_data in kept:
-                current = module._buffers
-                # Touch the dict only when forward reassigned a buffer: another thread may
-                # be reading it (two threads logging one model).
-                if current.keys() != buffers.keys() or any(current[k] is not v for k, v in buffers.items()):
-                    current.clear()
-                    current.update(buffers)
-                for name, copy in values.items():
-                    own = own_data[name]
-                    if buffers[name].data_ptr() != own.data_ptr() or buffers[name].shape != own.shape:
-                        buffers[name].data = own  # forward set `b.data = v`: back to its storage
-                    # Kernels such as batch_norm update running stats without bumping
-                    # _version, so compare values; copy only what changed.
-                    if not torch.equal(buffers[name], copy):
-                        # Through .data: the version counter stays put, so autograd can
-                        # still backpropagate through the batch_norm that updated it.
-                        buffers[name].data.copy_(copy)
+
+    __slots__ = ("named_modules", "flags", "kept")
+
+    def __init__(self, named_modules: list) -> None:
+        self.named_modules = named_modules
+        self.flags: list = []
+        self.kept: list = []
+
+    def __enter__(self) -> None:
+        named_modules = self.named_modules
+        self.flags = [(module, module.training) for _, module in named_modules]
+        if any(module._buffers for _, module in named_modules):
+            with torch._C.DisableTorchFunction():  # never logged by an outer log_forward_pass
+                self.kept = [(module, dict(module._buffers),
+                              {name: b.detach().clone() for name, b in module._buffers.items() if b is not None},
+                              {name: b.data for name, b in module._buffers.items() if b is not None})
+                             for _, module in named_modules if module._buffers]
+
+    def __exit__(self, *exc_info: object) -> bool:
+        for module, training in self.flags:
+            if module.training is not training:  # Module.__setattr__ is slow: only if changed
+                module.training = training
+        if self.kept:
+            with torch._C.DisableTorchFunction(), torch.no_grad():
+                self._restore_buffers()
+        return False
+
+    def _restore_buffers(self) -> None:
+        for module, buffers, values, own_data in self.kept:
+            current = module._buffers
+            # Touch the dict only when forward reassigned a buffer: another thread may
+            # be reading it (two threads logging one model).
+            if current.keys() != buffers.keys() or any(current[k] is not v for k, v in buffers.items()):
+                current.clear()
+                current.update(buffers)
+            for name, copy in values.items():
+                own = own_data[name]
+                if buffers[name].data_ptr() != own.data_ptr() or buffers[name].shape != own.shape:
+                    buffers[name].data = own  # forward set `b.data = v`: back to its storage
+                # Kernels such as batch_norm update running stats without bumping
+                # _version, so compare values; copy only what changed.
+                if not torch.equal(buffers[name], copy):
+                    # Through .data: the version counter stays put, so autograd can
+                    # still backpropagate through the batch_norm that updated it.
+                    buffers[name].data.copy_(copy)

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
@@ -44,25 +42,38 @@ _installed: dict[int, list] = {}
 _getframe = sys._getframe
 
 
-@contextmanager
-def module_boundaries(recorder: Any, named_modules: list[tuple[str, nn.Module]]) -> Iterator[None]:
-    """Feed `recorder.enter` and `recorder.leave` (or `leave_raised`) at every call of a submodule (the root left out)
-    in this thread until the block ends; undo everything in `finally`."""
-    previous = _state.recorder
-    _state.recorder = recorder
-    wrapped: list[nn.Module] = []
-    try:
+class module_boundaries:  # noqa: N801 - used like a function: `with module_boundaries(...):`
+    """Feed `recorder.enter` and `recorder.leave` (or `leave_raised`) at every call of a
+    submodule of `named_modules` (the root left out) in this thread while the block runs;
+    undo everything on leaving it, however it is left."""
+
+    __slots__ = ("recorder", "named_modules", "previous", "wrapped")
+
+    def __init__(self, recorder: Any, named_modules: list[tuple[str, nn.Module]]) -> None:
+        self.recorder, self.named_modules = recorder, named_modules
+        self.previous: Any = None
+        self.wrapped: list[nn.Module] = []
+
+    def __enter__(self) -> None:
+        self.previous = _state.recorder
+        _state.recorder = self.recorder
+        try:
+            with _lock:
+                for address, module in self.named_modules:
+                    if address:
+                        _install(module)
+                        self.wrapped.append(module)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc_info: object) -> bool:
+        _state.recorder = self.previous
         with _lock:
-            for address, module in named_modules:
-                if address:
-                    _install(module)
-                    wrapped.append(module)
-        yield
-    finally:
-        _state.recorder = previous
-        with _lock:
-            for module in wrapped:
+            for module in self.wrapped:
                 _uninstall(module)
+        self.wrapped = []
+        return False
 
 
 def _install(module: nn.Module) -> None:

@@ -75,12 +75,14 @@ def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dic
     """Forward under the mode, the module boundaries and the plugins; all removed in `finally`."""
     _active.recording = True
     try:
-        with contextlib.ExitStack() as plugins:
-            plugins.enter_context(module_boundaries(recorder, recorder.named_modules))
-            for plugin in recorder.options.plugins:
-                plugins.enter_context(plugin(recorder))
-            if recorder.profiler is not None:  # its saved-tensor hooks, for this thread only
-                plugins.enter_context(recorder.profiler)
+        extras = recorder.options.plugins or recorder.profiler is not None
+        with module_boundaries(recorder, recorder.named_modules), \
+                (contextlib.ExitStack() if extras else contextlib.nullcontext()) as plugins:
+            if extras:
+                for plugin in recorder.options.plugins:
+                    plugins.enter_context(plugin(recorder))
+                if recorder.profiler is not None:  # its saved-tensor hooks, for this thread only
+                    plugins.enter_context(recorder.profiler)
             recorder.root_frame = sys._getframe()  # call-site searches stop here
             recorder.root_site = call_site()  # the line that called log_forward_pass
             with _CaptureMode(recorder):
