@@ -256,3 +256,38 @@ def test_a_thread_that_does_not_log_passes_straight_through():
     assert len(other) == 1
     assert _calls(history) == {"gate": 1, "a": 1, "b": 1}
     assert torch.equal(other[0], history[-1].tensor_contents)
+
+
+@pytest.mark.parametrize("root", [False, True])
+def test_modules_a_multi_device_data_parallel_copies_are_left_unwrapped(root):
+    """DataParallel over several GPUs copies its module's `__dict__` into replicas on every
+    call: a copied wrapper would run the original module. This machine has no GPU, so the
+    replicas are not run: forward reaches the inner module directly and checks that it
+    was left alone, while a module outside it was wrapped."""
+    seen = []
+
+    class Inner(nn.Module):
+        def forward(self, x):
+            seen.append("forward" in vars(self))
+            return x * 2
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.parallel, self.after = nn.DataParallel(Inner()), Double()
+
+        def forward(self, x):
+            seen.append("forward" in vars(self.after))
+            return self.after(self.parallel.module(x))
+
+    model = Outer()
+    parallel = model.parallel
+    if root:  # the DataParallel is what is logged; forward goes straight to its module
+        parallel = nn.DataParallel(Inner())
+        parallel.forward = lambda x: parallel.module(x)  # set on the instance; put back after
+        model = parallel
+    parallel.device_ids = [0, 1]  # as DataParallel over two GPUs sets it
+    history = torchlog.log_forward_pass(model, torch.randn(2, 3))
+    assert seen == ([False] if root else [True, False])
+    assert boundaries._installed == {}
+    assert [p.func_name for p in history if p.kind == "op"] == ["mul"] * (1 if root else 2)

@@ -18,7 +18,10 @@ other call goes straight to the original forward.
 What differs from hooks: ops in a module's own forward pre-hooks now run outside it
 (before they ran inside, after they ran outside, as now); `module.forward(x)` called
 directly counts as a call of the module. A TorchScript submodule is wrapped the same way
-(its `forward` is an instance attribute already, put back afterwards).
+(its `forward` is an instance attribute already, put back afterwards). Modules that an
+`nn.DataParallel` over several devices copies on every call are not wrapped (see
+`_replicated`). A copy of a submodule made by the model during forward
+(`copy.deepcopy(self.block)`) carries the wrapper, which runs the original's forward.
 """
 from __future__ import annotations
 
@@ -58,9 +61,10 @@ class module_boundaries:  # noqa: N801 - used like a function: `with module_boun
         self.previous = _state.recorder
         _state.recorder = self.recorder
         try:
+            replicated = _replicated(self.named_modules)
             with _lock:
                 for address, module in self.named_modules:
-                    if address:
+                    if address and not (replicated and address.startswith(replicated)):
                         _install(module)
                         self.wrapped.append(module)
         except BaseException:
@@ -74,6 +78,17 @@ class module_boundaries:  # noqa: N801 - used like a function: `with module_boun
                 _uninstall(module)
         self.wrapped = []
         return False
+
+
+def _replicated(named_modules: list[tuple[str, nn.Module]]) -> tuple[str, ...]:
+    """Address prefixes of the modules a DataParallel over several devices copies on every
+    call: a copy's `__dict__` is the original's, so it would call the original's wrapper.
+
+    Their forwards run in DataParallel's worker threads, which are never logged, so they
+    are left unwrapped (and their module calls unseen, as their ops are).
+    """
+    return tuple(f"{address}." if address else "" for address, module in named_modules
+                 if isinstance(module, nn.DataParallel) and len(module.device_ids or ()) > 1)
 
 
 def _install(module: nn.Module) -> None:
