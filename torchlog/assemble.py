@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from torchlog.capture.captured import CapturedPass
 from torchlog.capture.nodes import RawNode
@@ -34,9 +35,7 @@ def assemble(captured: CapturedPass) -> Assembled:
     nodes = captured.nodes
     groups = group_into_layers(nodes)
     labels = _label_nodes(nodes, groups)
-    module_texts: dict[int, tuple[str, ...]] = {}  # consecutive ops share one module path
-    site_texts: dict[tuple, str | None] = {}
-    passes = [_pass_record(node, labels, module_texts, site_texts) for node in nodes]
+    passes = _pass_records(nodes, labels)
     layers = [_layer_record(members, passes) for members in groups]
     modules = _module_records(captured, labels)
     return Assembled(passes, layers, modules)
@@ -46,47 +45,82 @@ def _label_nodes(nodes: list[RawNode], groups: list[list[int]]) -> list[tuple[st
     """Per node: (pass label, layer label, layer type, pass number, number of passes)."""
     type_counts: dict[str, int] = defaultdict(int)
     out: list = [None] * len(nodes)
+    types = _LAYER_TYPES
     for total, members in enumerate(groups):
         first = nodes[members[0]]
         kind = _SOURCE_TYPES.get(first.kind)
-        layer_type = kind if kind else layer_type_of(first.func_name)
+        if kind:
+            layer_type = kind
+        else:
+            layer_type = types.get(first.func_name)
+            if layer_type is None:
+                layer_type = types[first.func_name] = layer_type_of(first.func_name)
         type_counts[layer_type] += 1
         layer = layer_label(layer_type, type_counts[layer_type], total)
+        if len(members) == 1:  # most layers: the pass label is the layer label
+            out[members[0]] = (layer, layer, layer_type, 1, 1)
+            continue
         for pass_num, index in enumerate(members, start=1):
             out[index] = (pass_label(layer, pass_num, len(members)), layer, layer_type,
                           pass_num, len(members))
     return out
 
 
-def _pass_record(node: RawNode, labels: list, module_texts: dict[int, tuple[str, ...]],
-                 site_texts: dict[tuple, str | None]) -> PassRecord:
-    label, layer, layer_type, pass_num, num_passes = labels[node.index]
-    path = node.module_path
-    containing = module_texts.get(id(path))
-    if containing is None:  # the path tuples live as long as the nodes: ids stay unique
-        containing = module_texts[id(path)] = tuple([_call_text(call, module_texts)
-                                                     for call in reversed(path)])
-    kind = node.kind
-    site = node.site
-    innermost = site[0] if site is not None else None
-    site_text = site_texts.get(innermost) if innermost is not None else None
-    if site_text is None and innermost is not None:
-        code, _, line = innermost
-        site_text = site_texts[innermost] = f"{code.co_filename}:{line} in {code.co_name}"
-    # Positional, in PassRecord's field order: a third faster than keywords for 26 fields.
-    return PassRecord(
-        label, layer, layer_type, node.func_name,
-        NodeKind.CREATED if kind == "op" and not node.parents else _KINDS[kind],
-        node.index, pass_num, num_passes, node.meta, node.saved,
-        tuple([_new(ParentEdge, (labels[p][0], arg)) for p, arg in node.parents]),
-        tuple([labels[c][0] for c in node.children]),
-        node.params, node.grad_fn_name, containing,
-        tuple([_call_text(call, module_texts) for call in node.output_of]) if node.output_of else (),
-        node.output_index, node.elapsed_ns / 1e9, node.is_inplace,
-        node.address if kind in ("buffer", "input") else None,
-        node.func_args, node.rng_state, node.extra or {}, site_text, None,
-        node.saved_for_backward_bytes, node.peak_bytes,
-    )
+# func_name -> layer_type_of(func_name): a few string operations per layer, cached for the process
+_LAYER_TYPES: dict[str, str] = {}
+
+
+def _pass_records(nodes: list[RawNode], labels: list) -> list[PassRecord]:
+    """One PassRecord per node, in one loop (a call per node costs more than its body saves)."""
+    names = [entry[0] for entry in labels]  # pass label per node index
+    name_of = names.__getitem__
+    module_texts: dict = {}  # consecutive ops share one module path tuple, and its text
+    site_texts: dict[tuple, str | None] = {}
+    records = []
+    append = records.append
+    last_path: Any = None
+    containing: tuple = ()
+    for node in nodes:
+        index = node.index
+        _, layer, layer_type, pass_num, num_passes = labels[index]
+        path = node.module_path
+        if path is not last_path:
+            last_path = path
+            containing = module_texts.get(id(path))
+            if containing is None:  # the path tuples live as long as the nodes: ids stay unique
+                containing = module_texts[id(path)] = tuple([_call_text(call, module_texts)
+                                                             for call in reversed(path)])
+        kind = node.kind
+        site = node.site
+        site_text = None
+        if site is not None and site[0] is not None:
+            innermost = site[0]
+            site_text = site_texts.get(innermost)
+            if site_text is None:
+                code, _, line = innermost
+                site_text = site_texts[innermost] = f"{code.co_filename}:{line} in {code.co_name}"
+        parents = node.parents
+        if not parents:
+            edges: tuple = ()
+        elif len(parents) == 1:
+            parent, arg = parents[0]
+            edges = (_new(ParentEdge, (names[parent], arg)),)
+        else:
+            edges = tuple([_new(ParentEdge, (names[parent], arg)) for parent, arg in parents])
+        # Positional, in PassRecord's field order: a third faster than keywords for 26 fields.
+        append(PassRecord(
+            names[index], layer, layer_type, node.func_name,
+            NodeKind.CREATED if kind == "op" and not parents else _KINDS[kind],
+            index, pass_num, num_passes, node.meta, node.saved,
+            edges, tuple(map(name_of, node.children)),
+            node.params, node.grad_fn_name, containing,
+            tuple([_call_text(call, module_texts) for call in node.output_of]) if node.output_of else (),
+            node.output_index, node.elapsed_ns / 1e9, node.is_inplace,
+            node.address if kind == "buffer" or kind == "input" else None,
+            node.func_args, node.rng_state, node.extra or {}, site_text, None,
+            node.saved_for_backward_bytes, node.peak_bytes,
+        ))
+    return records
 
 
 def _call_text(call: tuple[str, int], texts: dict) -> str:
