@@ -142,17 +142,66 @@ def test_a_direct_forward_call_counts_as_a_module_call():
     assert [p.containing_modules for p in history if p.func_name == "mul"] == [("a:1",), ("a:2",)]
 
 
-def test_ops_of_a_module_pre_hook_run_outside_the_module():
+def test_ops_of_a_module_pre_hook_run_inside_the_module():
     model = Pair()
     handle = model.b.register_forward_pre_hook(lambda module, args: (args[0] - 5,))
     try:
         history = torchlog.log_forward_pass(model, torch.randn(2, 3))
+        assert list(model.b._forward_pre_hooks) == [handle.id] and not model.b._forward_hooks
     finally:
         handle.remove()
     sub = [p for p in history if p.func_name == "sub"]
-    assert len(sub) == 1 and sub[0].containing_modules == ()
+    assert len(sub) == 1 and sub[0].containing_modules == ("b:1",)
     linear = history["b"]
     assert linear.containing_modules == ("b:1",) and linear.parents[0].label == sub[0].label
+    assert "forward" not in vars(model.b)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated:FutureWarning")
+def test_weight_norm_computes_its_weight_inside_its_module():
+    model = Pair()
+    model.b = torch.nn.utils.weight_norm(nn.Linear(3, 3))  # a forward pre-hook sets b.weight
+    history = torchlog.log_forward_pass(model, torch.randn(2, 3))
+    linear = next(p for p in history if p.func_name == "linear")
+    assert linear.containing_modules == ("b:1",)
+    weight_ops = [p for p in history if p.func_name == "_weight_norm"]
+    assert len(weight_ops) == 1 and weight_ops[0].containing_modules == ("b:1",)
+    assert any(edge.label == weight_ops[0].label for edge in linear.parents)
+
+
+def test_a_hooked_module_that_raises_is_named_and_its_hooks_removed():
+    class Fails(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("in a")
+
+    model = Raises()
+    model.a = Fails()
+    model.a.register_forward_pre_hook(lambda module, args: None)
+    x = torch.randn(2, 3)
+    before = take(model)
+    with pytest.raises(RuntimeError) as caught:
+        torchlog.log_forward_pass(model, x)
+    assert "in module 'a' (call 1)" in caught.value.torchlog_history.info.failure
+    assert differences(before, take(model)) == []
+
+
+def test_a_hooked_module_called_while_an_exception_is_handled_returns_normally():
+    class Handles(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = Double()
+
+        def forward(self, x):
+            try:
+                raise KeyError("handled by the model")
+            except KeyError:
+                return self.a(x) + 1  # sys.exc_info() is set while `a` runs and returns
+
+    model = Handles()
+    model.a.register_forward_pre_hook(lambda module, args: None)
+    history = torchlog.log_forward_pass(model, torch.randn(2, 3))
+    mul = next(p for p in history if p.func_name == "mul")
+    assert mul.output_of_modules == ("a:1",) and not history.info.is_partial
 
 
 def test_a_module_with_hooks_of_its_own_still_opens_and_closes():
