@@ -98,3 +98,20 @@ def test_options_of_a_wrong_type_are_refused() -> None:
         torchlog.log_forward_pass(nn.ReLU(), torch.ones(2), options={"random_seed": 1})
     with pytest.raises(TypeError):  # options are keywords, never a fourth positional argument
         torchlog.log_forward_pass(nn.ReLU(), torch.ones(2), None, "all")  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("good, bad", [
+    ({"layers_to_save": 1}, {"layers_to_save": True}),  # True == 1 and hashes alike
+    ({"layers_to_save": (1, 1)}, {"layers_to_save": (1, True)}),  # and inside a tuple
+    ({"random_seed": 1}, {"random_seed": 1.0}),
+])
+def test_keywords_are_checked_on_every_call_after_an_equal_value_passed(good, bad) -> None:
+    """Checked options are reused for a repeated set of keywords; a value that only
+    compares equal to an accepted one must still be refused."""
+    for _ in range(2):
+        merged, _ = merge_options(None, good)
+        assert all(getattr(merged, name) == value for name, value in good.items())
+        with pytest.raises(InvalidArgumentTypeError):
+            merge_options(None, bad)
+    first, _ = merge_options(None, {"layers_to_save": "all"})
+    assert merge_options(None, {"layers_to_save": "all"})[0] == first
