@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["module_boundaries"]
+__all__ = ["module_boundaries", "module_caller"]
 
 
 class _State(threading.local):
@@ -46,6 +46,7 @@ _lock = threading.Lock()
 _installed: dict[int, list] = {}
 _getframe = sys._getframe
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
+_WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
 
 
 class module_boundaries:  # noqa: N801 - used like a function: `with module_boundaries(...):`
@@ -93,6 +94,18 @@ class module_boundaries:  # noqa: N801 - used like a function: `with module_boun
                 _uninstall(module)
         self.wrapped = []
         return False
+
+
+def module_caller(frame: Any) -> Any:
+    """The frame that called the module whose forward `frame` runs (its wrapper's frame, or
+    torch's hook-calling frame): through `module(x)`, past torch's _call_impl and
+    _wrapped_call_impl; where those are not there, the frame right above."""
+    start = frame.f_back
+    if start.f_code is _CALL_IMPL_CODE:
+        start = start.f_back
+        if start.f_code is _WRAPPED_CALL_CODE:
+            start = start.f_back
+    return start
 
 
 def _hooks(module: nn.Module, address: str, recorder: Any) -> list:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter_ns
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlog.capture.boundaries import module_caller
 from torchlog.capture.call_sites import call_site, name_of
 from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
 from torchlog.capture.functionals import expandable_body, run_expanded
@@ -49,8 +49,6 @@ _INPLACE_DUNDERS = frozenset(
 # bump another version counter, so each read checks the storage's last write instead.
 _WATCHED = -2
 _DATA_GET = torch._C.TensorBase.__dict__["data"].__get__
-_WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
-_CALL_IMPL_CODE = nn.Module._call_impl.__code__
 # TensorMeta(...) without the NamedTuple's Python-level __new__ (a frame per op).
 _new = tuple.__new__
 
@@ -164,11 +162,11 @@ class Recorder:
         self.options = options
         self.nodes: list[RawNode] = []
         self.producer: dict[int, _TensorRef] = {}
-        self.thread_id = threading.get_ident()
         self.module_stack: tuple[tuple[str, int], ...] = ()
         self.module_sites: tuple = ()  # where each module on the stack was called from
-        # Per module on the stack, the frame that runs its forward (torch's hook-calling
-        # frame): a call-site search that reaches it has the module's own call site as answer.
+        # Per module on the stack, the frame that runs its forward (its wrapper's, or torch's
+        # hook-calling frame): a call-site search that reaches it has the module's own call
+        # site as answer.
         self.module_frames: tuple = ()
         self.root_frame: Any = None  # the frame that calls the model (set by run_captured)
         self.root_site: tuple | None = None  # the user's line that called log_forward_pass
@@ -735,14 +733,7 @@ class Recorder:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        # Through `module(x)` the frames above are torch's _call_impl and _wrapped_call_impl,
-        # then the caller: start there, past the two.
-        start = frame.f_back
-        if start.f_code is _CALL_IMPL_CODE:
-            start = start.f_back
-            if start.f_code is _WRAPPED_CALL_CODE:
-                start = start.f_back
-        self.module_sites = self.module_sites + (self._call_site(start),)
+        self.module_sites = self.module_sites + (self._call_site(module_caller(frame)),)
         self.module_frames = self.module_frames + (frame,)
 
     def leave(self, address: str, output: Any) -> None:
