@@ -171,3 +171,77 @@ def test_transformers_training_mode_dropout() -> None:
     model, kwargs = _bert()
     assert model.config.hidden_dropout_prob > 0
     check_against_plain_run(model.train(), (), kwargs, seed=7)
+
+
+# ----- more architectures, each checked against the hook oracle in eval and train mode ---------
+_SMALL = dict(hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+              max_position_embeddings=32)
+_TOKENS = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)
+
+
+def _encoder_decoder(config: type, model: type, **sizes):
+    config = config(d_model=32, encoder_attention_heads=2, decoder_attention_heads=2,
+                    encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=100,
+                    decoder_start_token_id=0, **_TOKENS, **sizes)
+    return model(config)
+
+
+def _image(size: int = 16) -> torch.Tensor:
+    return torch.randn(1, 3, size, size)
+
+
+T = transformers
+ARCHITECTURES = {
+    "roberta": lambda: (T.RobertaModel(T.RobertaConfig(num_hidden_layers=2, **_SMALL)), {"input_ids": _ids()}),
+    "distilbert": lambda: (T.DistilBertModel(T.DistilBertConfig(
+        n_layers=2, dim=32, n_heads=2, hidden_dim=64, vocab_size=100, max_position_embeddings=32)),
+        {"input_ids": _ids()}),
+    "deberta_v2": lambda: (T.DebertaV2Model(T.DebertaV2Config(num_hidden_layers=2, **_SMALL)),
+                           {"input_ids": _ids()}),
+    "bart": lambda: (_encoder_decoder(T.BartConfig, T.BartModel, encoder_layers=1, decoder_layers=1,
+                                      max_position_embeddings=32),
+                     {"input_ids": _ids(), "decoder_input_ids": _ids()}),
+    "whisper": lambda: (_encoder_decoder(T.WhisperConfig, T.WhisperModel, encoder_layers=1,
+                                         decoder_layers=1, num_mel_bins=8, max_source_positions=16,
+                                         max_target_positions=16),
+                        {"input_features": torch.randn(1, 8, 32), "decoder_input_ids": _ids()}),
+    "opt": lambda: (T.OPTModel(T.OPTConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                           ffn_dim=64, vocab_size=100, max_position_embeddings=32,
+                                           word_embed_proj_dim=32, **_TOKENS)), {"input_ids": _ids()}),
+    "mistral": lambda: (T.MistralModel(T.MistralConfig(num_hidden_layers=2, num_key_value_heads=1, **_SMALL)),
+                        {"input_ids": _ids()}),
+    "qwen2": lambda: (T.Qwen2Model(T.Qwen2Config(num_hidden_layers=2, num_key_value_heads=1, **_SMALL)),
+                      {"input_ids": _ids()}),
+    "gpt_neox": lambda: (T.GPTNeoXModel(T.GPTNeoXConfig(num_hidden_layers=2, **_SMALL, **_TOKENS)),
+                         {"input_ids": _ids()}),
+    "falcon": lambda: (T.FalconModel(T.FalconConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                                    vocab_size=100, **_TOKENS)), {"input_ids": _ids()}),
+    "phi": lambda: (T.PhiModel(T.PhiConfig(num_hidden_layers=2, **_SMALL)), {"input_ids": _ids()}),
+    "mamba": lambda: (T.MambaModel(T.MambaConfig(num_hidden_layers=2, hidden_size=32, vocab_size=100,
+                                                 state_size=4, **_TOKENS)), {"input_ids": _ids()}),
+    "clip_text": lambda: (T.CLIPTextModel(T.CLIPTextConfig(num_hidden_layers=2, **_SMALL, **_TOKENS)),
+                          {"input_ids": _ids()}),
+    "vit": lambda: (T.ViTModel(T.ViTConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                           intermediate_size=64, image_size=16, patch_size=8)),
+                    {"pixel_values": _image()}),
+    "swin": lambda: (T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                              num_heads=[2, 2], window_size=4)),
+                     {"pixel_values": _image(32)}),
+    "convnext": lambda: (T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2)),
+                         {"pixel_values": _image(32)}),
+    "wav2vec2": lambda: (T.Wav2Vec2Model(T.Wav2Vec2Config(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, conv_dim=(8, 8),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2)), {"input_values": torch.randn(1, 400)}),
+}
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_more_transformers_architectures(name: str, training: bool) -> None:
+    """Every module call's outputs equal what forward hooks see on a plain run of a copy."""
+    torch.manual_seed(0)
+    model, kwargs = ARCHITECTURES[name]()
+    history, _, _ = check_against_plain_run(model.train(training), (), kwargs, seed=1)
+    assert len(history.modules) > 5 and any(p.params for p in history)
