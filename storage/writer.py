@@ -263,11 +263,14 @@ class LogWriter:
         history = getattr(exc, "torchlog_history", None)
         if self._file is None and history is None:
             return
-        failure = None if history is not None and history.is_partial else f"{type(exc).__name__}: {exc}"
         try:
             self._stop_thread()
             self._take_thread_error()
-            self.error = None if self.error is exc else self.error
+            if self.error is exc:  # the pass stopped because the writer thread could not store a value
+                failure = f"a value could not be stored: {exc}"
+                self.error = None
+            else:  # the model's own error: the partial history says where it happened
+                failure = None if history is not None and history.is_partial else f"{type(exc).__name__}: {exc}"
             self.finish(history, failure)
         except Exception as err:  # the user's exception matters more; the file still opens
             warnings.warn(f"log file {self.path!r} was left unfinished: {err}",
