@@ -738,24 +738,6 @@ class Recorder:
 
     def leave(self, address: str, output: Any) -> None:
         """Module `address` returned `output`."""
-        stack = self.module_stack
-        if type(output) is _Tensor and stack and stack[-1][0] == address:
-            # The usual return: one tensor, its producer's value, from the innermost module.
-            # No Tensor property that torch functions see is read, so the mode stays on.
-            ref = self.producer.get(id(output))
-            try:
-                current = ref is not None and ref.version == output._version
-            except RuntimeError:  # an inference tensor: no version counter
-                current = False
-            if current:
-                depth = len(stack) - 1
-                call = stack[depth]
-                self.module_stack = stack[:depth]
-                self.module_sites = self.module_sites[:depth]
-                self.module_frames = self.module_frames[:depth]
-                self.nodes[ref.node].output_of.append(call)
-                self.call_outputs[call] = [ref.node]
-                return
         with torch._C.DisableTorchFunction():
             self._exit(address, output)
 
