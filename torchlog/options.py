@@ -126,29 +126,8 @@ def merge_options(options: LogOptions | None, keywords: dict[str, Any]) -> tuple
             f"are {', '.join(f.name for f in fields(LogOptions))}, and rendering options start with 'vis_' (vis_opt, "
             "vis_nesting_depth, vis_outpath, vis_fileformat)")
     changes = {k: v for k, v in keywords.items() if k in names}
-    rendering = {k: v for k, v in keywords.items() if k not in names}
-    key = merged = None
-    # Cached only for plain values, their type in the key (True == 1, but layers_to_save=True
-    # is not layers_to_save=1); a tuple could hide True inside, so containers are checked afresh.
-    if all(type(v) in _PLAIN for v in changes.values()):
-        try:
-            key = (options, tuple((k, type(v), v) for k, v in changes.items()))
-            merged = _merged.get(key)
-        except TypeError:  # `options` holds an unhashable value (a list of layers)
-            key = None
-    if merged is None:
-        merged = replace(options, **changes) if options is not None else LogOptions(**changes)
-        if key is not None:
-            if len(_merged) >= 64:
-                _merged.clear()
-            _merged[key] = merged
-    return merged, rendering
-
-
-# (options, keyword changes) -> the checked LogOptions they make: a loop that logs with the
-# same keywords (`layers_to_save='all'`) checks them once. Frozen, so safe to share.
-_merged: dict[tuple, LogOptions] = {}
-_PLAIN = frozenset({str, int, bool, float, type(None)})
+    merged = replace(options, **changes) if options is not None else LogOptions(**changes)
+    return merged, {k: v for k, v in keywords.items() if k not in names}
 
 
 def _check_seed(seed: Any) -> None:
