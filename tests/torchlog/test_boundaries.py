@@ -60,11 +60,15 @@ def test_an_instance_forward_set_by_the_user_is_wrapped_and_put_back():
     assert history["a"].func_name == "mul" and _calls(history) == {"a": 1, "b": 1}
 
 
-class Raises(nn.Module):
+class WithA(nn.Module):
+    """A model with one submodule `a`; subclasses say what forward does with it."""
+
     def __init__(self) -> None:
         super().__init__()
         self.a = Double()
 
+
+class Raises(WithA):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.a(x)
         raise ValueError("boom")
@@ -96,11 +100,7 @@ def test_the_module_a_raise_passed_through_is_named():
 
 
 def test_a_forward_replaced_during_the_pass_is_left_as_the_model_set_it():
-    class Swaps(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = Double()
-
+    class Swaps(WithA):
         def forward(self, x):
             y = self.a(x)
             self.a.forward = lambda v: v - 1  # the model's own change, kept afterwards
@@ -129,11 +129,7 @@ def test_the_signature_of_a_wrapped_forward_reads_as_the_original():
 
 
 def test_a_direct_forward_call_counts_as_a_module_call():
-    class Direct(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = Double()
-
+    class Direct(WithA):
         def forward(self, x):
             return self.a.forward(x) + self.a(x)
 
@@ -186,11 +182,7 @@ def test_a_hooked_module_that_raises_is_named_and_its_hooks_removed():
 
 
 def test_a_hooked_module_called_while_an_exception_is_handled_returns_normally():
-    class Handles(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = Double()
-
+    class Handles(WithA):
         def forward(self, x):
             try:
                 raise KeyError("handled by the model")
