@@ -79,16 +79,16 @@ def _plugins() -> tuple:
 
 def _check_not_meta(named_modules: list) -> None:
     for address, module in named_modules:
-        if not any(t is not None and t.is_meta
-                   for t in (*module._parameters.values(), *module._buffers.values())):
+        params, buffers = module._parameters, module._buffers
+        if not params and not buffers:  # most modules: activations, containers
             continue
-        tensors = list(module._parameters.items()) + list(module._buffers.items())
-        for name, tensor in ((f"{address}.{n}" if address else n, t) for n, t in tensors):
-            if tensor is None or not tensor.is_meta:
-                continue
-            raise ModelInputError(
-                f"model parameter or buffer {name!r} is on the meta device and holds no values; "
-                "materialise the model first (model.to_empty(device='cpu') and load weights)")
+        for name, tensor in (*params.items(), *buffers.items()):
+            if tensor is not None and tensor.is_meta:
+                name = f"{address}.{name}" if address else name
+                raise ModelInputError(
+                    f"model parameter or buffer {name!r} is on the meta device and holds no "
+                    "values; materialise the model first (model.to_empty(device='cpu') and load "
+                    "weights)")
 
 
 class _Forward(NamedTuple):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 import torchlog
 from tests.models import Nested
 from torchlog.assemble import assemble
-from torchlog.capture import CapturedPass, CaptureOptions, Recorder, run_captured
+from torchlog.capture import CapturedPass, CaptureOptions, Recorder, module_table, run_captured
 
 
 class _Raises(nn.Module):
@@ -115,3 +116,63 @@ def test_a_plugin_records_ops_and_failures_through_two_public_methods() -> None:
     failed = run_captured(_Kernel(), (x,), {}, CaptureOptions(plugins=(_plugin(fail=True),)))
     assert failed.failure.func_name == "double" and str(failed.failure.error) == "kernel failed"
     assert [failed.nodes[i].kind for i in failed.failure.parent_nodes] == ["input", "op"]
+
+
+class _Shared(nn.Module):
+    """A module registered under three addresses, a None slot, a cycle and a lazy layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(3, 4)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.ReLU(), nn.Linear(4, 4)) for _ in range(2)])
+        for block in self.blocks:
+            block.add_module("cpe", self.first)
+        self.empty = None
+        self.register_module("gap", None)
+        self.lazy = nn.LazyLinear(2)
+        self.blocks[1].add_module("loop", self.blocks)  # a submodule that is its own ancestor
+
+
+def _module_table_oracle(model: nn.Module) -> list[tuple]:
+    """What module_table must say, worked out another way: descendants by address prefix,
+    and every registration path found by a walk that stops only at cycles."""
+    named = list(model.named_modules())
+    first = {id(m): a for a, m in named}
+
+    def own(m: nn.Module) -> int:
+        return sum(p.numel() for p in m._parameters.values()
+                   if p is not None and not isinstance(p, nn.parameter.UninitializedParameter))
+
+    paths: dict[int, list[str]] = {}
+
+    def walk(address: str, module: nn.Module, ancestors: tuple) -> None:
+        paths.setdefault(id(module), []).append(address)
+        for name, child in module._modules.items():
+            if child is not None and id(child) not in ancestors:
+                walk(f"{address}.{name}" if address else name, child, ancestors + (id(child),))
+
+    walk("", model, (id(model),))
+    table = []
+    for address, module in named[1:]:
+        inside = [m for a, m in named if a == address or a.startswith(address + ".")]
+        children = []
+        for child in module._modules.values():
+            a = None if child is None else first[id(child)]
+            if a and a != address and not address.startswith(a + ".") and a not in children:
+                children.append(a)
+        others = tuple(dict.fromkeys(p for p in paths[id(module)] if p != address))
+        table.append((address, type(module).__name__, sum(own(m) for m in inside), tuple(children), others))
+    return table
+
+
+@pytest.mark.parametrize("make", [Nested, _Shared, lambda: nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))])
+def test_the_module_table_matches_an_independent_count(make: Callable[[], nn.Module]) -> None:
+    model = make()
+    assert [tuple(info) for info in module_table(list(model.named_modules()))] == _module_table_oracle(model)
+
+
+def test_the_module_table_of_a_real_model_matches_an_independent_count() -> None:
+    transformers = pytest.importorskip("transformers")
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50,
+                                                                 n_positions=16))  # lm_head shares wte's weight
+    assert [tuple(info) for info in module_table(list(model.named_modules()))] == _module_table_oracle(model)

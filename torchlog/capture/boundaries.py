@@ -42,8 +42,10 @@ class _State(threading.local):
 
 _state = _State()
 _lock = threading.Lock()
-# id(module) -> [module, wrapper, had its own `forward` attribute, that attribute, installs]
+# id(module) -> [wrapper, the instance's own `forward` attribute before it (or _ABSENT),
+# installs, module (held: its id stays its own)]
 _installed: dict[int, list] = {}
+_ABSENT = object()
 _getframe = sys._getframe
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
 _WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
@@ -67,6 +69,7 @@ class module_boundaries:  # noqa: N801 - used like a function: `with module_boun
         _state.recorder = self.recorder
         try:
             replicated = _replicated(self.named_modules)
+            plain = []  # modules to wrap
             with _lock:
                 for address, module in self.named_modules:
                     if not address or (replicated and address.startswith(replicated)):
@@ -78,8 +81,8 @@ class module_boundaries:  # noqa: N801 - used like a function: `with module_boun
                         # path for its hooks anyway.
                         self.handles += _hooks(module, address, self.recorder)
                     else:
-                        _install(module)
-                        self.wrapped.append(module)
+                        plain.append(module)
+                _install(plain, self.wrapped)
         except BaseException:
             self.__exit__()
             raise
@@ -90,8 +93,7 @@ class module_boundaries:  # noqa: N801 - used like a function: `with module_boun
             handle.remove()
         self.handles = []
         with _lock:
-            for module in self.wrapped:
-                _uninstall(module)
+            _uninstall(self.wrapped)
         self.wrapped = []
         return False
 
@@ -138,32 +140,39 @@ def _replicated(named_modules: list[tuple[str, nn.Module]]) -> tuple[str, ...]:
                  if isinstance(module, nn.DataParallel) and len(module.device_ids or ()) > 1)
 
 
-def _install(module: nn.Module) -> None:
-    entry = _installed.get(id(module))
-    if entry is not None:
-        entry[4] += 1
-        return
-    own = module.__dict__
-    had = "forward" in own
-    wrapper = _wrapper(id(module), module.forward)
-    _installed[id(module)] = [module, wrapper, had, own.get("forward"), 1]
-    own["forward"] = wrapper  # not through nn.Module.__setattr__: a plain instance attribute
+def _install(modules: list[nn.Module], done: list[nn.Module]) -> None:
+    """Wrap each module's forward, or count one more install of the wrapper it has, and
+    append it to `done` (for `_uninstall`, also when a later one fails); under `_lock`."""
+    installed = _installed
+    for module in modules:  # per module per call: inlined, no call per module
+        entry = installed.get(id(module))
+        if entry is not None:
+            entry[2] += 1
+        else:
+            own = module.__dict__
+            wrapper = _wrapper(id(module), module.forward)
+            installed[id(module)] = [wrapper, own.get("forward", _ABSENT), 1, module]
+            own["forward"] = wrapper  # not through nn.Module.__setattr__: a plain instance attribute
+        done.append(module)
 
 
-def _uninstall(module: nn.Module) -> None:
-    entry = _installed[id(module)]
-    entry[4] -= 1
-    if entry[4]:
-        return
-    del _installed[id(module)]
-    _, wrapper, had, value, _ = entry
-    own = module.__dict__
-    if own.get("forward") is not wrapper:
-        return  # forward replaced it meanwhile: leave the model's own change
-    if had:
-        own["forward"] = value
-    else:
-        del own["forward"]
+def _uninstall(modules: list[nn.Module]) -> None:
+    """Undo one `_install` of each module; the last one out puts back what was there."""
+    installed = _installed
+    for module in modules:
+        entry = installed[id(module)]
+        entry[2] -= 1
+        if entry[2]:
+            continue
+        del installed[id(module)]
+        wrapper, previous = entry[0], entry[1]
+        own = module.__dict__
+        if own.get("forward") is not wrapper:
+            continue  # forward replaced it meanwhile: leave the model's own change
+        if previous is _ABSENT:
+            del own["forward"]
+        else:
+            own["forward"] = previous
 
 
 def _wrapper(key: int, forward: Any) -> Any:

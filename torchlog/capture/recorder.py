@@ -733,8 +733,12 @@ class Recorder:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        self.module_sites = self.module_sites + (self._call_site(module_caller(frame)),)
-        self.module_frames = self.module_frames + (frame,)
+        # `_call_site` inlined (this runs per module call): the search starts at the module's caller
+        frames = self.module_frames
+        site = (call_site(frames[-1], self.module_sites[-1], module_caller(frame)) if frames
+                else call_site(self.root_frame, self.root_site, module_caller(frame)))
+        self.module_sites = self.module_sites + (site,)
+        self.module_frames = frames + (frame,)
 
     def leave(self, address: str, output: Any) -> None:
         """Module `address` returned `output`."""
@@ -751,7 +755,7 @@ class Recorder:
     def _exit(self, address: str, output: Any) -> None:
         stack = self.module_stack
         depth = len(stack) - 1
-        while depth >= 0 and stack[depth][0] != address:
+        while depth >= 0 and stack[depth][0] != address:  # the top, unless an inner one raised
             depth -= 1
         if depth < 0:
             return
@@ -760,12 +764,20 @@ class Recorder:
         self.module_sites = self.module_sites[:depth]
         self.module_frames = self.module_frames[:depth]
         returned: list[int] = []  # in the order of the returned structure
-        for t, _ in find_tensors(output):
-            ref = self.producer.get(id(t))
-            if ref is None and id(t) in self.param_info:
-                continue
-            index = self._current_node(t, ref) if ref is not None else self._source_for(t)
-            self.nodes[index].output_of.append(call)
+        producer, nodes = self.producer, self.nodes
+        for t, _ in ((output, ()),) if type(output) is _Tensor else find_tensors(output):
+            ref = producer.get(id(t))
+            if ref is None:
+                if id(t) in self.param_info:
+                    continue
+                index = self._source_for(t)
+            else:
+                try:  # `_current_node` inlined: the usual module output is its last op's, unchanged
+                    current = ref.version == t._version
+                except RuntimeError:  # an inference tensor: no version counter
+                    current = ref.version == -1
+                index = ref.node if current else self._refresh(t, ref)
+            nodes[index].output_of.append(call)
             returned.append(index)
         self.call_outputs[call] = returned
 

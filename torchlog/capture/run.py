@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parameter import is_lazy
+from torch.nn.parameter import Parameter as _Parameter, is_lazy
 from torch.overrides import TorchFunctionMode
 
 from torchlog.capture.boundaries import module_boundaries
@@ -21,6 +21,7 @@ from torchlog.errors import NestedLoggingError
 
 __all__ = ["module_table", "run_captured"]
 
+_new = tuple.__new__  # ModuleInfo(...) without the named tuple's Python-level __new__
 _active = threading.local()  # .recording: this thread is inside run_captured
 
 
@@ -108,52 +109,58 @@ def module_table(named_modules: list[tuple[str, nn.Module]]) -> tuple[ModuleInfo
     Parameters of lazy modules that forward has not yet initialised count as 0. A shared
     submodule's parameters count under its first address only.
     """
-    num_params: dict[str, int] = {}
+    # Per module, not per op, but it runs on every call: a model of hundreds of modules
+    # pays for each line here hundreds of times per log.
+    canonical = {id(module): address for address, module in named_modules}
+    num_params: dict[int, int] = {}  # id(module) -> parameters in it and below it
+    children_of: dict[int, tuple[str, ...]] = {}
+    registrations = 0  # submodule slots, None ones included
     for address, module in reversed(named_modules):  # children come after their parent
         total = 0
         for p in module._parameters.values():
-            if p is not None and not is_lazy(p):
+            if p is not None and (type(p) is _Parameter or not is_lazy(p)):
                 total += p.numel()
         if module._modules:
-            prefix = f"{address}." if address else ""
-            for name in module._modules:
-                total += num_params.get(prefix + name, 0)
-        num_params[address] = total
-    canonical = {id(module): address for address, module in named_modules}
-    aliases = _aliases(named_modules, canonical)
-    table = []
-    for address, module in named_modules:
-        if address:
-            children = _children(address, module, canonical) if module._modules else ()
-            table.append(ModuleInfo(address, type(module).__name__, num_params[address], children,
-                                    aliases.get(address, ()) if aliases else ()))
-    return tuple(table)
+            registrations += len(module._modules)
+            total += _add_children(address, module, canonical, num_params, children_of)
+        num_params[id(module)] = total
+    # Every module but the root fills at least one slot: one slot per module besides the
+    # root is a tree (no module registered twice, no None slot), the common case, with no aliases.
+    is_tree = registrations == len(named_modules) - 1 or not named_modules
+    aliases = {} if is_tree else _aliases(named_modules, canonical)
+    empty: tuple = ()
+    return tuple([_new(ModuleInfo, (address, type(module).__name__, num_params[id(module)],
+                                    children_of.get(id(module), empty),
+                                    aliases.get(address, empty) if aliases else empty))
+                  for address, module in named_modules if address])
 
 
-def _children(address: str, module: nn.Module, canonical: dict[int, str]) -> tuple[str, ...]:
-    """Addresses of a module's direct submodules, a shared one by its first address.
+def _add_children(address: str, module: nn.Module, canonical: dict[int, str],
+                  num_params: dict[int, int], children_of: dict[int, tuple[str, ...]]) -> int:
+    """Note the addresses of a module's direct submodules, a shared one by its first address,
+    in `children_of`; return the parameters they hold (each counted under its first address).
 
     A submodule that is also an ancestor (a cycle) is left out, so walking children ends.
     """
     found = []
-    for child in module._modules.values():
+    total = 0
+    prefix = f"{address}." if address else ""
+    for name, child in module._modules.items():
         if child is None:
             continue
         child_address = canonical[id(child)]
-        is_ancestor = not child_address or address.startswith(child_address + ".")
-        if child_address != address and not is_ancestor:
+        if child_address == prefix + name:  # registered here first: its parameters count here
+            total += num_params.get(id(child), 0)
             found.append(child_address)
-    return tuple(dict.fromkeys(found))
+        elif child_address and child_address != address and not address.startswith(child_address + "."):
+            found.append(child_address)  # shared: registered first elsewhere, not an ancestor
+    if found:
+        children_of[id(module)] = tuple(dict.fromkeys(found)) if len(found) > 1 else (found[0],)
+    return total
 
 
 def _aliases(named_modules: list[tuple[str, nn.Module]], canonical: dict[int, str]) -> dict[str, tuple]:
     """Other addresses of modules registered more than once (`b.cpe = self.cpe1`), by first address."""
-    # The common case: a tree, every module registered once (one registration per module
-    # besides the root); only a module registered twice has a second address.
-    registrations = sum(len(m._modules) for _, m in named_modules)
-    if not named_modules or (registrations == len(named_modules) - 1 and not any(
-            c is None for _, m in named_modules for c in m._modules.values())):
-        return {}
     found: dict[str, list[str]] = {}
     pending = [("", named_modules[0][1], frozenset())]
     while pending:  # every address, depth first; a module inside itself is not entered again
