@@ -186,24 +186,29 @@ def _raw_node(d: dict[str, Any]) -> RawNode:
 
 
 class _Code(NamedTuple):
-    """Stands in for the code object of a call site: equal where the code was, and printable."""
+    """Stands in for the code object of a call site: equal where the code and line were, and printable."""
 
     co_filename: str
     co_name: str
     co_firstlineno: int
+    line: int | None  # the line of the one site it stands in for
+
+    def line_at(self, offset: int) -> int | None:
+        return self.line
 
 
 def _encode_site(site: Any) -> Any:
-    """(code, offset, line) frames, and where each enclosing module was called, as JSON."""
+    """(code, offset) frames, and where each enclosing module was called, as JSON, each with its line."""
     def frame(f: Any) -> Any:
-        return None if f is None else [f[0].co_filename, f[0].co_name, f[0].co_firstlineno, f[1], f[2]]
+        return None if f is None else [f[0].co_filename, f[0].co_name, f[0].co_firstlineno, f[1],
+                                       f[0].line_at(f[1])]
 
     return None if site is None else [frame(site[0]), [frame(f) for f in site[1]]]
 
 
 def _decode_site(data: Any) -> Any:
     def frame(f: Any) -> Any:
-        return None if f is None else (_Code(f[0], f[1], f[2]), f[3], f[4])
+        return None if f is None else (_Code(f[0], f[1], f[2], f[4]), f[3])
 
     return None if data is None else (frame(data[0]), tuple(frame(f) for f in data[1]))
 

@@ -5,6 +5,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from torchlog.capture.call_sites import site_text as _site_text
 from torchlog.capture.captured import CapturedPass
 from torchlog.capture.nodes import RawNode
 from torchlog.labels import layer_label, layer_type_of, pass_label
@@ -97,8 +98,7 @@ def _pass_records(nodes: list[RawNode], labels: list) -> list[PassRecord]:
             innermost = site[0]
             site_text = site_texts.get(innermost)
             if site_text is None:
-                code, _, line = innermost
-                site_text = site_texts[innermost] = f"{code.co_filename}:{line} in {code.co_name}"
+                site_text = site_texts[innermost] = _site_text(innermost)
         parents = node.parents
         if not parents:
             edges: tuple = ()

@@ -49,7 +49,7 @@ class RawNode:
         self.func_args: Any = None
         self.rng_state: torch.Tensor | tuple | None = None  # capture/rng.py
         self.extra: dict | None = None
-        # (call site of the op, call sites of its enclosing modules); each (code, offset, line)
+        # (call site of the op, call sites of its enclosing modules); each (CodeInfo, offset)
         self.site: tuple | None = None
         # With profile=True, on a call's first output (see capture/profile.py); else None.
         self.saved_for_backward_bytes: int | None = None
