@@ -177,3 +177,20 @@ def test_hugepages_quick_measures_both_environments(tmp_path: Path):
     for row in figures["rows"].values():
         assert row["plain_ms"] > 0 and row["log_ms"] > 0 and row["faults"] >= 0
         assert row["ratio"] == pytest.approx(row["log_ms"] / row["plain_ms"])
+
+
+def test_floor_quick_prints_both_tables(tmp_path: Path):
+    json_path = tmp_path / "floor.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "floor.py"), "--quick", "--json", str(json_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    figures = json.loads(json_path.read_text())
+    assert {r["call"] for r in figures["calls"]} >= {"torch.add (C function)", "F.layer_norm (Python functional)"}
+    assert all(r["mode_us"] > 0 and r["plain_us"] > 0 for r in figures["calls"])
+    rows = {r["name"]: r for r in figures["models"]}
+    assert set(rows) == {case.name for case in quick_cases()}
+    for case in quick_cases():
+        row = rows[case.name]
+        assert row["ops"] == len(torchlog.log_forward_pass(case.build(), case.make_input())), row
+        assert row["mode_calls_per_op"] > 0 and 0 <= row["python_functionals_per_op"] <= row["mode_calls_per_op"], row
+        assert f"{case.name} " in done.stdout
