@@ -733,12 +733,8 @@ class Recorder:
         count = self.module_calls.get(address, 0) + 1
         self.module_calls[address] = count
         self.module_stack = self.module_stack + ((address, count),)
-        # `_call_site` inlined (this runs per module call): the search starts at the module's caller
-        frames = self.module_frames
-        site = (call_site(frames[-1], self.module_sites[-1], module_caller(frame)) if frames
-                else call_site(self.root_frame, self.root_site, module_caller(frame)))
-        self.module_sites = self.module_sites + (site,)
-        self.module_frames = frames + (frame,)
+        self.module_sites = self.module_sites + (self._call_site(module_caller(frame)),)
+        self.module_frames = self.module_frames + (frame,)
 
     def leave(self, address: str, output: Any) -> None:
         """Module `address` returned `output`."""
