@@ -63,11 +63,15 @@ def model_table(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 def call_lines(before: dict[str, Any], after: dict[str, Any]) -> str:
     b, a = before["per_call"], after["per_call"]
-    return "\n".join([
+    lines = [
         f"- per call, Linear(8, 8) on (2, 8): {_pair(b['linear_us'], a['linear_us'], '.0f')} us (target <= 200)",
         f"- per call, SimpleRecurrent (12 ops): {_pair(b['seed_us'], a['seed_us'], '.0f')} us (target <= 200)",
         f"- per module call: {_pair(b['us_per_module_call'], a['us_per_module_call'], '.1f')} us (target <= 10)",
-    ])
+    ]
+    if "us_per_uncalled_module" in b and "us_per_uncalled_module" in a:  # older runs lack it
+        lines.append(f"- per submodule never called: "
+                     f"{_pair(b['us_per_uncalled_module'], a['us_per_uncalled_module'], '.1f')} us")
+    return "\n".join(lines)
 
 
 def _setting(run: dict[str, Any]) -> str:

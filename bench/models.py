@@ -138,6 +138,19 @@ class ModuleChain(nn.Module):
         return x
 
 
+class IdleModules(nn.Module):
+    """One op, and `count` AddOne submodules that forward never calls: against IdleModules(0),
+    what each submodule costs a call just by being there (the module walk, its table entry,
+    its forward wrapper put on and taken off)."""
+
+    def __init__(self, count: int = 200) -> None:
+        super().__init__()
+        self.idle = nn.ModuleList(AddOne() for _ in range(count))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
 class InlineChain(nn.Module):
     """The same `length` additions as ModuleChain with no submodule: its baseline."""
 
@@ -253,11 +266,13 @@ def full_cases() -> list[BenchCase]:
 
 
 def probe_cases(quick: bool = False) -> dict[str, BenchCase]:
-    """The probes by role: 'linear' and 'seed' (fixed cost per call), 'modules' and 'inline'.
+    """The probes by role: 'linear' and 'seed' (fixed cost per call), 'modules' and 'inline',
+    'idle' and 'bare'.
 
     The fixed cost of one call is its log time minus its plain time on a model of a few
     ops; the cost of one module call is the extra overhead of ModuleChain over
-    InlineChain (the same ops, without the modules) divided by the number of calls.
+    InlineChain (the same ops, without the modules) divided by the number of calls; the
+    cost of one uncalled submodule, that of IdleModules(200) over IdleModules(0) divided by 200.
     """
     repeats = 3 if quick else 21
     return {
@@ -266,6 +281,8 @@ def probe_cases(quick: bool = False) -> dict[str, BenchCase]:
         "seed": BenchCase("SimpleRecurrent (12 ops)", lambda: SimpleRecurrent().eval(), _seed_input, repeats),
         "modules": BenchCase("100 AddOne module calls", ModuleChain, lambda: torch.randn(2, 8), repeats),
         "inline": BenchCase("100 inline additions", InlineChain, lambda: torch.randn(2, 8), repeats),
+        "idle": BenchCase("1 op, 200 uncalled submodules", lambda: IdleModules(200), lambda: torch.randn(2, 8), repeats),
+        "bare": BenchCase("1 op, no submodule", lambda: IdleModules(0), lambda: torch.randn(2, 8), repeats),
     }
 
 

@@ -103,6 +103,8 @@ def format_calls(calls: CallCosts) -> str:
         f"(log {calls.seed_log_us:.0f} us, plain {calls.seed_plain_us:.0f} us)",
         f"Per module call (100 one-op module calls over the same 100 ops inline): "
         f"{calls.us_per_module_call:.1f} us",
+        f"Per submodule never called (one op beside 200 idle AddOne modules, over none): "
+        f"{calls.us_per_uncalled_module:.1f} us",
     ])
 
 

@@ -371,13 +371,15 @@ def measure(cases: list[BenchCase], log: Logger, child_argv: list[str] | None,
 
 @dataclass(frozen=True)
 class CallCosts:
-    """Fixed costs: per log_forward_pass call on tiny models, and per module call (µs)."""
+    """Fixed costs: per log_forward_pass call on tiny models, per module call, and per
+    submodule that is never called (µs)."""
 
     linear_plain_us: float
     linear_log_us: float
     seed_plain_us: float
     seed_log_us: float
     us_per_module_call: float
+    us_per_uncalled_module: float
 
     @property
     def linear_us(self) -> float:
@@ -396,8 +398,11 @@ def measure_call_costs(quick: bool, log: Logger = TORCHLOG) -> CallCosts:
                    - count_module_calls(probes["inline"].build(), probes["inline"].make_input()))
     (mp, ml), (ip, il) = times["modules"], times["inline"]
     per_module = ((ml - mp) - (il - ip)) / extra_calls
+    (dp, dl), (bp, bl) = times["idle"], times["bare"]
+    idle = len(list(probes["idle"].build().modules())) - len(list(probes["bare"].build().modules()))
+    per_uncalled = ((dl - dp) - (bl - bp)) / idle
     (lp, ll), (sp, sl) = times["linear"], times["seed"]
-    return CallCosts(lp * 1e6, ll * 1e6, sp * 1e6, sl * 1e6, per_module * 1e6)
+    return CallCosts(lp * 1e6, ll * 1e6, sp * 1e6, sl * 1e6, per_module * 1e6, per_uncalled * 1e6)
 
 
 # ----- TorchLens, in its own interpreter -----------------------------------------------

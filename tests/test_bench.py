@@ -71,6 +71,7 @@ def test_quick_run_checks_targets_and_reports_missing_torchlens(quick_output: st
     held = [line for line in targets if ": held MB " in line]
     assert len(held) == len(quick_cases())
     assert any(": us per module call " in line for line in targets)
+    assert "Per submodule never called (" in quick_output
     assert "TorchLens: not installed (" in quick_output
 
 
@@ -81,6 +82,7 @@ def test_quick_run_writes_every_figure_as_json(quick_run: tuple[str, dict]):
         figures["per_call"]["linear_log_us"] - figures["per_call"]["linear_plain_us"])
     assert figures["torchlens"].startswith("not installed (")
     assert {"date", "commit", "uptime", "command"} <= set(figures["setting"])
+    assert isinstance(figures["per_call"]["us_per_uncalled_module"], float)
 
 
 def test_compare_reads_two_json_runs(quick_run: tuple[str, dict], tmp_path: Path):
@@ -92,6 +94,7 @@ def test_compare_reads_two_json_runs(quick_run: tuple[str, dict], tmp_path: Path
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "->" in line]
     assert len(rows) == len(quick_cases())
     assert "per call, Linear(8, 8) on (2, 8)" in done.stdout
+    assert "per submodule never called" in done.stdout
 
 
 @pytest.fixture(scope="module")
