@@ -42,12 +42,12 @@ class CodeInfo:
 
     def line_at(self, offset: int) -> int | None:
         """The source line of the instruction at byte `offset` (a frame's `f_lasti`)."""
-        if self._starts is None:
-            self._starts, self._lines = [], []
-            for start, _, line in self.code.co_lines():
-                self._starts.append(start)
-                self._lines.append(line)
-        i = bisect_right(self._starts, offset) - 1
+        starts = self._starts
+        if starts is None:  # built whole, then published: another thread may read it meanwhile
+            runs = list(self.code.co_lines())
+            self._lines = [line for _, _, line in runs]
+            self._starts = starts = [start for start, _, _ in runs]
+        i = bisect_right(starts, offset) - 1
         return self._lines[i] if i >= 0 else None
 
     def __repr__(self) -> str:
