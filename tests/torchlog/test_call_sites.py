@@ -73,3 +73,21 @@ def test_a_site_names_one_code_info_per_code_object():
     assert isinstance(first[0], CodeInfo) and first[0] is second[0]
     assert first[0].code is where.__code__ and first[0].co_name == "where"
     assert type(first[0]).__hash__ is object.__hash__  # identity: no hashing of the code object
+
+
+def test_the_line_of_a_site_is_the_frames_line_anywhere_in_a_long_function():
+    seen: list[tuple] = []
+
+    def probe() -> None:
+        frame = inspect.currentframe().f_back
+        seen.append((call_site(start=frame), frame.f_lineno))
+
+    body = "".join(f"    x = x + {i}\n    if x % 3 == 0:\n        probe()\n    for k in range(2):\n"
+                   f"        probe() if k else probe()\n    try:\n        probe(); 1 / 0\n"
+                   f"    except ZeroDivisionError:\n        probe()\n" for i in range(60))
+    namespace = {"probe": probe}
+    exec(compile(f"def long(x):\n{body}    return [probe() for _ in range(2)]\n", "long.py", "exec"), namespace)
+    for start in range(5):
+        namespace["long"](start)
+    assert len(seen) > 1000
+    assert all(site[0].line_at(site[1]) == line for site, line in seen)
