@@ -751,7 +751,7 @@ class Recorder:
     def _exit(self, address: str, output: Any) -> None:
         stack = self.module_stack
         depth = len(stack) - 1
-        while depth >= 0 and stack[depth][0] != address:  # the top, unless an inner one raised
+        while depth >= 0 and stack[depth][0] != address:
             depth -= 1
         if depth < 0:
             return
@@ -760,20 +760,12 @@ class Recorder:
         self.module_sites = self.module_sites[:depth]
         self.module_frames = self.module_frames[:depth]
         returned: list[int] = []  # in the order of the returned structure
-        producer, nodes = self.producer, self.nodes
-        for t, _ in ((output, ()),) if type(output) is _Tensor else find_tensors(output):
-            ref = producer.get(id(t))
-            if ref is None:
-                if id(t) in self.param_info:
-                    continue
-                index = self._source_for(t)
-            else:
-                try:  # `_current_node` inlined: the usual module output is its last op's, unchanged
-                    current = ref.version == t._version
-                except RuntimeError:  # an inference tensor: no version counter
-                    current = ref.version == -1
-                index = ref.node if current else self._refresh(t, ref)
-            nodes[index].output_of.append(call)
+        for t, _ in find_tensors(output):
+            ref = self.producer.get(id(t))
+            if ref is None and id(t) in self.param_info:
+                continue
+            index = self._current_node(t, ref) if ref is not None else self._source_for(t)
+            self.nodes[index].output_of.append(call)
             returned.append(index)
         self.call_outputs[call] = returned
 

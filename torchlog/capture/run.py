@@ -155,7 +155,7 @@ def _add_children(address: str, module: nn.Module, canonical: dict[int, str],
         elif child_address and child_address != address and not address.startswith(child_address + "."):
             found.append(child_address)  # shared: registered first elsewhere, not an ancestor
     if found:
-        children_of[id(module)] = tuple(dict.fromkeys(found)) if len(found) > 1 else (found[0],)
+        children_of[id(module)] = tuple(dict.fromkeys(found))
     return total
 
 
