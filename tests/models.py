@@ -404,3 +404,17 @@ class Func(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.func(x)
+
+
+class WritesData(nn.Module):
+    """Writes a state tensor's `.data` in forward, then reads it (`t.data = v` is an op)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.state = nn.Parameter(torch.zeros(4), requires_grad=False)
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.state.data = h.mean(0)
+        return h + self.state

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tests.models import TINY_MODELS, MetadataCalls, ModuleOutputs, MutatedThroughView
+from tests.models import TINY_MODELS, MetadataCalls, ModuleOutputs, MutatedThroughView, WritesData
 from torchlog.capture import CaptureOptions, run_captured
 from torchlog.capture.lean import call_names, run_lean
 from torchlog.model_state import model_kept
@@ -31,7 +31,8 @@ CASES = {**TINY_MODELS,
                            lambda: torch.randn(2, 3, 8)),
          "module_outputs": (ModuleOutputs, lambda: torch.randn(2, 3)),
          "metadata_calls": (MetadataCalls, lambda: torch.randn(2, 3)),
-         "mutated_through_view": (MutatedThroughView, lambda: torch.randn(2, 4))}
+         "mutated_through_view": (MutatedThroughView, lambda: torch.randn(2, 4)),
+         "writes_data": (WritesData, lambda: torch.randn(3, 4))}
 
 
 def _recorded_calls(nodes) -> list:

@@ -9,16 +9,14 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from torchlog.capture.call_sites import name_of
 from torchlog.capture.nesting import find_tensors
 
 # The recorder's own rules for which calls are ops: the lean count must match its call_id.
-from torchlog.capture.recorder import _SETITEM, _describe
+from torchlog.capture.ops import DESCRIPTIONS, collapse, describe, output_tensors
 
 __all__ = ["LeanPass", "run_lean", "call_names"]
 
 _Tensor = torch.Tensor
-_PLAIN = (bool, int, float, torch.Size, torch.dtype, str)
 
 
 @dataclass(slots=True)
@@ -43,35 +41,26 @@ class _LeanMode(TorchFunctionMode):
         self.wanted = wanted
         self.calls: list[Any] = []
         self.saved: dict[tuple[int, int], torch.Tensor] = {}
-        self.funcs: dict[Any, tuple[bool, Any]] = {}  # function -> (is not an op, body or None)
         self.expanding: set[Any] = set()  # functionals whose body runs now
         self.count = 0  # calls counted so far
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        entry = self.funcs.get(func)
+        entry = DESCRIPTIONS.get(func)
         if entry is None:
-            described = _describe(func)
-            entry = self.funcs[func] = (described[1], described[3])
-        not_op, body = entry
+            entry = describe(func)
         kwargs = kwargs or {}
-        if not not_op and body is not None and func not in self.expanding:
-            return self._expand(func, body, args, kwargs)
+        if entry.not_op:
+            return func(*args, **kwargs)
+        if entry.body is not None and func not in self.expanding:
+            return self._expand(func, entry.body, args, kwargs)
         out = func(*args, **kwargs)
-        if not not_op:
-            self._count(func, args, out)
+        self._count(func, args, out)
         return out
 
     def _count(self, func: Any, args: tuple, out: Any) -> None:
-        if isinstance(out, _Tensor):
-            outs: Any = (out,)
-        elif out is None and func is _SETITEM:
-            outs = (args[0],)
-        elif out is None or isinstance(out, _PLAIN):
+        outs = [t for t, _ in output_tensors(func, args, out)]
+        if not outs:
             return
-        else:
-            outs = [t for t, _ in find_tensors(out)]
-            if not outs:
-                return
         self.calls.append(func)
         if len(outs) != 1:
             self.calls.append(len(outs))
@@ -92,7 +81,7 @@ class _LeanMode(TorchFunctionMode):
             self.expanding.discard(func)
         if self.count - first_call >= 2:
             return out
-        self.funcs[func] = (False, None)  # one op: the functional runs as that op from now on
+        collapse(func)  # one op: the functional runs as that op from now on, as in the recorder
         if self.count == first_call:
             self._count(func, args, out)
         else:
@@ -133,4 +122,4 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict,
 
 def call_names(calls: list[Any]) -> list[Any]:
     """`LeanPass.calls` with each function replaced by its op name (counts stay ints)."""
-    return [c if isinstance(c, int) else name_of(c) for c in calls]
+    return [c if isinstance(c, int) else describe(c).name for c in calls]

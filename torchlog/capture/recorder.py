@@ -13,36 +13,22 @@ from torch import nn
 from torchlog.capture.boundaries import module_caller
 from torchlog.capture.call_sites import call_site, name_of
 from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
-from torchlog.capture.functionals import expandable_body, run_expanded
+from torchlog.capture.functionals import run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
 from torchlog.capture.profile import OpProfiler
 from torchlog.capture.rng import rng_state
 from torchlog.capture.transfer import DeviceCopier
-from torchlog.capture.writes import DATA_SET
+from torchlog.capture.ops import DESCRIPTIONS, PASS_THROUGH, collapse, describe, output_tensors
+from torchlog.capture.writes import DATA_SET, SETITEM
 from torchlog.records import ParamInfo, TensorMeta
 
 __all__ = ["PASS_THROUGH", "Recorder"]
 
 _Tensor = torch.Tensor
-_SETITEM = _Tensor.__setitem__
-# Tensor-returning calls that change bookkeeping, not values: never nodes.
-# Calls that never produce a node: metadata reads (answered without scanning arguments)
-# and tensor-returning calls that change bookkeeping, not values.
-_NOT_OPS = frozenset({
-    "requires_grad_", "retain_grad", "register_hook", "grad", "_fix_weakref",
-    "shape", "dtype", "device", "dim", "ndim", "size", "numel", "nelement", "stride", "storage_offset",
-    "is_contiguous", "data_ptr", "element_size", "is_floating_point", "is_complex", "get_device",
-    "requires_grad", "grad_fn", "is_leaf", "layout", "names", "is_cuda", "is_sparse", "is_quantized",
-    "is_meta", "is_inference", "__len__", "__repr__", "__format__", "__hash__", "untyped_storage",
-    "_version", "_base", "is_nested", "output_nr", "__dlpack_device__",
-})
+_SETITEM = SETITEM
 _AUTOCAST_DEVICES = ("cpu", "cuda")
-_INPLACE_DUNDERS = frozenset(
-    f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
-                            "and", "or", "xor", "lshift", "rshift")
-)
 
 
 # _TensorRef.version of a tensor whose `.data` alias was taken: writes through the alias
@@ -51,45 +37,13 @@ _WATCHED = -2
 _DATA_GET = torch._C.TensorBase.__dict__["data"].__get__
 # TensorMeta(...) without the NamedTuple's Python-level __new__ (a frame per op).
 _new = tuple.__new__
+_DESCRIPTIONS = DESCRIPTIONS
 
 
 class _TensorRef(weakref.ref):
     """Weak reference to a live tensor, naming the node that last wrote it."""
 
     __slots__ = ("key", "node", "version")
-
-
-def _describe(func: Callable) -> tuple[str, bool, bool, Callable | None, int | None]:
-    """(name, is not an op, writes into its first argument by name, guard-free body of a
-    Python functional or None, position of an `inplace` parameter or None); cached per
-    function for the process (`_DESCRIPTIONS`)."""
-    name = "set_data" if func == DATA_SET else name_of(func)  # `t.data = v`, not a `.data` read
-    inplace = (name[-1:] == "_" and name[:1] != "_") or name in _INPLACE_DUNDERS or func is _SETITEM \
-        or name == "set_data"
-    # torch.autograd.grad shares its name with the Tensor.grad attribute but computes tensors.
-    entry = (name, name in _NOT_OPS and func is not torch.autograd.grad, inplace,
-             expandable_body(func), _inplace_parameter(func))
-    _DESCRIPTIONS[func] = entry
-    if entry[1]:
-        PASS_THROUGH.add(func)
-    return entry
-
-
-# function -> _describe(function). A Python functional whose body ran a single op is
-# stored with no body from then on (`Recorder.collapse`): it runs as that one op.
-_DESCRIPTIONS: dict[Any, tuple] = {}
-# The functions described so far that are not ops (metadata reads such as `Tensor.size`):
-# the capture mode runs them straight away, without calling the recorder.
-PASS_THROUGH: set[Any] = set()
-
-
-def _inplace_parameter(func: Callable) -> int | None:
-    """Position of the `inplace` parameter of a Python function (`F.relu(x, inplace=True)`)."""
-    code = getattr(func, "__code__", None)
-    if code is None:
-        return None
-    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-    return names.index("inplace") if "inplace" in names else None
 
 
 def _written_tensors(args: tuple, kwargs: dict, first: bool, slot: int | None) -> list:
@@ -385,7 +339,7 @@ class Recorder:
     def on_op(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         entry = _DESCRIPTIONS.get(func)
         if entry is None:
-            entry = _describe(func)
+            entry = describe(func)
         name, not_op, writes_first_arg, body, inplace_slot = entry
         if not_op:
             return func(*args, **kwargs)
@@ -453,16 +407,9 @@ class Recorder:
                        kwargs: dict, out: Any, elapsed: int, parents: list, params: list,
                        cost: tuple[int, int | None] | None) -> Any:
         """Record the tensors in what an op returned (none: nothing is recorded); return `out`."""
-        if isinstance(out, _Tensor):
-            outs = ((out, ()),)
-        elif out is None and (func is _SETITEM or func == DATA_SET):  # the written tensor
-            outs = ((args[0], ()),)
-        elif out is None or isinstance(out, (bool, int, float, torch.Size, torch.dtype, str)):
+        outs = output_tensors(func, args, out)
+        if not outs:
             return out
-        else:
-            outs = find_tensors(out)
-            if not outs:
-                return out
         self._record(func, name, writes_first_arg or "out" in kwargs, args, kwargs, outs, elapsed,
                      parents, params, cost)
         return out
@@ -520,16 +467,12 @@ class Recorder:
             node.is_inplace = True
             self.last_write[_storage_address(t)] = index
 
-    def _describe(self, func: Callable) -> tuple:
-        entry = _DESCRIPTIONS.get(func)
-        return entry if entry is not None else _describe(func)
-
     def record_call(self, func: Callable, name: str, args: tuple, kwargs: dict, out: Any,
                     parents: list, params: list, rng: torch.Tensor | None) -> Any:
         """Record a call that already ran as one op (a functional whose body recorded
         nothing), as `on_op` would have."""
         self._rng_before = rng
-        return self._record_result(func, name, self._describe(func)[2], args, kwargs, out, 0,
+        return self._record_result(func, name, describe(func).writes_first_arg, args, kwargs, out, 0,
                                    parents, params, None)
 
     def rename_call(self, first_node: int, name: str, func_args: tuple, parents: list,
@@ -552,8 +495,7 @@ class Recorder:
 
     def collapse(self, func: Callable) -> None:
         """Run `func` as one op from now on, in this process (its body ran one op)."""
-        entry = self._describe(func)
-        _DESCRIPTIONS[func] = entry[:3] + (None,) + entry[4:]
+        collapse(func)
 
     def _find_parents(self, args: tuple, kwargs: dict) -> tuple[list, list]:
         parents: list = []
