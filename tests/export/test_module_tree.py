@@ -2,7 +2,6 @@
 module did, against golden files (times, which vary, replaced by TIME)."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -10,20 +9,16 @@ import pytest
 import torch
 
 from tests.export.histories import gpt2, logged, nested, partial, recurrent
+from tests.golden_compare import check_golden
 from tests.models import ReusedModule
 
 GOLDEN = Path(__file__).parent / "golden"
-UPDATE = os.environ.get("TORCHLOG_UPDATE_GOLDEN") == "1"
 _TIME = re.compile(r"\d+(\.\d+)? (µs|ms|s)(?= ·|$)", re.M)
 
 
 def _check_golden(text: str, name: str) -> None:
     """Compare with tests/export/golden/<name>; TORCHLOG_UPDATE_GOLDEN=1 rewrites it."""
-    path = GOLDEN / name
-    stable = _TIME.sub("TIME", text) + "\n"
-    if UPDATE:
-        path.write_text(stable, encoding="utf-8")
-    assert stable == path.read_text(encoding="utf-8"), f"{name} differs from the golden file"
+    check_golden(GOLDEN / name, _TIME.sub("TIME", text) + "\n")
 
 
 @pytest.mark.parametrize("name, make", [

@@ -1,9 +1,13 @@
 """The viewer's page data without a browser: golden files, statistics, defaults, bad input."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
+import re
+from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ import torch
 from torch import nn
 
 import torchlog
+from tests.golden_compare import NUMBER, assert_matches, check_golden, is_float_token
 from tests.models import LongLoop, Nested, SimpleRecurrent
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, LogFileNotFoundError
 from torchlog.vis.viewer.data import page_data
@@ -29,14 +34,13 @@ def _stable(data: dict) -> dict:
     return data
 
 
+def _golden_text(data: dict) -> str:
+    return json.dumps(_stable(data), indent=1, sort_keys=True) + "\n"
+
+
 def _check_golden(name: str, data: dict) -> None:
-    path = GOLDEN / f"viewer_{name}.json"
-    text = json.dumps(_stable(data), indent=1, sort_keys=True) + "\n"
-    if os.environ.get("TORCHLOG_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), (
-        f"page data of {name} changed; if on purpose, rerun with TORCHLOG_UPDATE_GOLDEN=1 and "
-        "review the diff")
+    # The statistics are computed floats: compared within a tolerance, everything else exactly.
+    check_golden(GOLDEN / f"viewer_{name}.json", _golden_text(data))
 
 
 def _nested() -> torchlog.ModelHistory:
@@ -52,6 +56,64 @@ def test_golden_recurrent_rolled():
     torch.manual_seed(0)
     history = torchlog.log_forward_pass(SimpleRecurrent(), torch.randn(1, 5), random_seed=0)
     _check_golden("recurrent", page_data(history, "rolled", None))
+
+
+def _change_floats(text: str, change: Callable[[int, str], str | None]) -> tuple[str, int]:
+    """`text` with `change(i, token)` in place of its i-th float token (kept where it gives None)."""
+    floats = itertools.count()
+    changed = 0
+
+    def replace(match: re.Match) -> str:
+        nonlocal changed
+        token = match.group()
+        new = change(next(floats), token) if is_float_token(token) else None
+        changed += new is not None
+        return token if new is None else new
+
+    return NUMBER.sub(replace, text), changed
+
+
+def _one_float32_ulp(index: int, token: str) -> str:
+    """The float32 next to `token`'s value, up or down in turn, printed in full."""
+    value = torch.tensor(float(token), dtype=torch.float32)
+    toward = torch.tensor(math.inf if index % 2 else -math.inf)
+    return repr(torch.nextafter(value, toward).item())
+
+
+def _last_digit_moved(index: int, token: str) -> str | None:
+    """A token printed with 7 or more significant digits, one unit off in its last digit."""
+    digits = Decimal(token).as_tuple()
+    if len(digits.digits) < 7:
+        return None
+    unit = Decimal((0, (1,), digits.exponent))
+    return str(Decimal(token) + (unit if index % 2 else -unit))
+
+
+def test_golden_page_data_tolerates_last_place_rounding_only():
+    """What another CPU's kernels change passes; a change a reader would see fails."""
+    fresh = _golden_text(page_data(_nested(), "unrolled", 2))
+    golden = (GOLDEN / "viewer_nested.json").read_text(encoding="utf-8")
+    num_floats = sum(map(is_float_token, NUMBER.findall(golden)))
+    assert num_floats > 50
+    ulp_off, changed = _change_floats(golden, _one_float32_ulp)
+    assert changed == num_floats and ulp_off != golden
+    assert_matches(fresh, ulp_off, "page data against the golden file, every float 1 ulp off")
+    digit_off, changed = _change_floats(golden, _last_digit_moved)
+    passes = json.loads(golden)["passes"]
+    assert changed >= 2 * sum(bool(p["stats"]) for p in passes)  # means and stds have 7 digits
+    assert_matches(fresh, digit_off, "page data against the golden file, last digits moved")
+
+    mean = passes[1]["stats"]["mean"]
+    one_off, changed = _change_floats(golden, lambda i, t: repr(float(t) + 1e-3) if float(t) == mean else None)
+    assert changed == 1
+    with pytest.raises(AssertionError, match=re.escape(repr(mean + 1e-3))):
+        assert_matches(fresh, one_off, "page data with one mean 1e-3 off")
+    relabelled = golden.replace('"label": "relu_1_2"', '"label": "relu_1_3"', 1)
+    with pytest.raises(AssertionError, match="relu_1_3"):
+        assert_matches(fresh, relabelled, "page data with a label changed")
+    recounted = golden.replace('"numel": 8', '"numel": 9', 1)
+    with pytest.raises(AssertionError, match="integers must be equal"):
+        assert_matches(fresh, recounted, "page data with a count changed")
 
 
 def test_module_calls_know_their_nesting_inputs_and_outputs():
