@@ -39,9 +39,11 @@ def _labels(driver) -> list[str]:
 
 
 def _modules(driver) -> dict[str, str]:
+    """Drawn modules by call ('block1:1', from data-module and data-call): expanded or not."""
     return driver.execute_script(
-        "const out = {}; document.querySelectorAll('#torchlog-graph [data-module]')"
-        ".forEach(g => { out[g.dataset.module] = g.dataset.expanded; }); return out;")
+        "const out = {}; document.querySelectorAll('#torchlog-graph [data-module]').forEach(g => {"
+        "  const key = g.dataset.call ? `${g.dataset.module}:${g.dataset.call}` : g.dataset.module;"
+        "  out[key] = g.dataset.expanded; }); return out;")
 
 
 def _num_nodes(driver) -> int:
@@ -97,14 +99,14 @@ def test_click_expands_one_module_and_its_title_collapses_it(driver, tmp_path):
     history = _nested_history()
     _open(driver, history, tmp_path, depth=1)
     assert _modules(driver) == {"block1:1": "false", "block2:1": "false", "head:1": "false"}
-    _click(driver, '#torchlog-graph g.node[data-module="block1:1"]')
+    _click(driver, '#torchlog-graph g.node[data-module="block1"][data-call="1"]')
     assert _modules(driver) == {"block1:1": "true", "block1.inner:1": "false", "block1.norm:1": "false",
                                 "block2:1": "false", "head:1": "false"}
     # The add between inner and norm runs in block1 itself, so it is now an op node there.
     inside_block1 = [r.label for r in history if r.containing_modules == ("block1:1",)]
     assert inside_block1 and set(inside_block1) <= set(_labels(driver))
     assert "block1:1" in _panel_title(driver)
-    _click(driver, '#torchlog-graph g.cluster[data-module="block1:1"] > text')
+    _click(driver, '#torchlog-graph g.cluster[data-module="block1"] > text')
     assert _modules(driver) == {"block1:1": "false", "block2:1": "false", "head:1": "false"}
     assert _num_nodes(driver) == count_nodes(history, "unrolled", 1)
 
@@ -239,25 +241,62 @@ def test_notebook_iframe_shows_the_same_viewer(driver, tmp_path):
         driver.switch_to.default_content()
 
 
-@pytest.mark.heavy
-def test_transformers_gpt2_from_blocks_down_to_attention(driver, tmp_path):
-    from transformers import GPT2Config, GPT2LMHeadModel
+@pytest.fixture(scope="module")
+def gpt2_history() -> torchlog.ModelHistory:
+    """A tiny GPT-2 (transformers' own code, a config built here, nothing downloaded)."""
+    from transformers import GPT2Config, GPT2Model
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
                         bos_token_id=99, eos_token_id=99, attn_implementation="eager")
-    model = GPT2LMHeadModel(config).eval()
-    history = torchlog.log_forward_pass(model, torch.randint(0, 100, (1, 12)), random_seed=0)
+    model = GPT2Model(config).eval()
+    return torchlog.log_forward_pass(model, torch.randint(0, 100, (1, 12)), random_seed=0)
+
+
+def _inside(driver, inner_css: str, outer_css: str) -> bool:
+    """Whether the drawn box of `inner_css` lies within that of `outer_css` (1 px slack)."""
+    return driver.execute_script(
+        "const a = document.querySelector(arguments[0]).getBoundingClientRect();"
+        "const b = document.querySelector(arguments[1]).getBoundingClientRect();"
+        "return a.left >= b.left - 1 && a.right <= b.right + 1 && a.top >= b.top - 1 && a.bottom <= b.bottom + 1;",
+        inner_css, outer_css)
+
+
+@pytest.mark.heavy
+def test_a_gpt2_block_is_found_by_its_address_and_expands_to_its_ops(driver, gpt2_history, tmp_path):
+    history = gpt2_history
+    _open(driver, history, tmp_path, depth=1)
+    # The page's contract: data-module is the module address, the call apart.
+    block = driver.execute_script(
+        "const g = document.querySelector('#torchlog-graph [data-module=\"h.0\"]');"
+        "return g && [g.dataset.call, g.dataset.expanded];")
+    assert block == ["1", "false"]
+    _click(driver, '#torchlog-graph g.node[data-module="h.0"]')
+    assert _modules(driver)["h.0:1"] == "true"
+    own_ops = [r.label for r in history if r.containing_modules[:1] == ("h.0:1",)]
+    assert own_ops  # the residual adds run in the block itself
+    for label in own_ops:
+        assert _inside(driver, f'[data-label="{label}"]', '#torchlog-graph g.cluster[data-module="h.0"]')
+    inner = {r.containing_modules[-2].split(":")[0] for r in history
+             if len(r.containing_modules) >= 2 and r.containing_modules[-1] == "h.0:1"}
+    assert {"h.0.attn", "h.0.mlp", "h.0.ln_1"} <= inner
+    assert inner <= set(driver.execute_script(
+        "return [...document.querySelectorAll('#torchlog-graph [data-module]')].map(g => g.dataset.module)"))
+
+
+@pytest.mark.heavy
+def test_transformers_gpt2_from_blocks_down_to_attention(driver, gpt2_history, tmp_path):
+    history = gpt2_history
     _open(driver, history, tmp_path)
     state = driver.execute_script("return [window.torchlogViewer.state.mode, window.torchlogViewer.state.depth]")
     assert state[0] == "unrolled"
     assert _num_nodes(driver) == count_nodes(history, "unrolled", state[1])
-    assert any(m.startswith("transformer.h.0") for m in _modules(driver))
+    assert any(m.startswith("h.0") for m in _modules(driver))
     _screenshot(driver, "gpt2_default_depth")
     softmax = next(r.label for r in history if r.func_name == "softmax")
     driver.find_element("css selector", "#torchlog-search").send_keys("softmax\n")
     wait_for(driver, f"return document.querySelector('#torchlog-panel h2')?.textContent === {softmax!r}")
-    assert _modules(driver)["transformer.h.0.attn:1"] == "true"
+    assert _modules(driver)["h.0.attn:1"] == "true"
     _screenshot(driver, "gpt2_attention_softmax")
     run_and_wait(driver, "await window.torchlogViewer.setDepth(100);")
     assert _num_nodes(driver) == count_nodes(history, "unrolled", None)
@@ -294,9 +333,10 @@ def test_a_python_functional_is_a_box_like_a_module_call(driver, tmp_path):
     assert softmax.label in inside
     _open(driver, history, tmp_path, depth=2)  # attn:1 open, the functional inside it collapsed
     assert _modules(driver) == {"attn:1": "true", scope: "false", "fc:1": "true"}
-    text = driver.execute_script(f"return document.querySelector('[data-module=\"{scope}\"]').textContent")
+    address = scope.removesuffix(":1")
+    text = driver.execute_script(f"return document.querySelector('[data-module=\"{address}\"]').textContent")
     assert f"{scope} (functional)" in text and "in: (3, 2, 16)" in text
-    _click(driver, f'#torchlog-graph g.node[data-module="{scope}"]')
+    _click(driver, f'#torchlog-graph g.node[data-module="{address}"][data-call="1"]')
     assert set(inside) <= set(_labels(driver))
     driver.find_element("css selector", f'[data-label="{softmax.label}"]').click()
     rows = _panel_rows(driver)

@@ -1,5 +1,6 @@
 // Drawing: DOT text for the current state, laid out by Graphviz (WebAssembly) into SVG,
-// tagged with data-label / data-module for tests and scripts; pan, zoom and centring.
+// tagged for tests and scripts (data-label; data-module, the module address, with data-call in
+// the unrolled view); pan, zoom and centring.
 // ----- DOT text ------------------------------------------------------------------------
 function quote(text) {
   return '"' + String(text).replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n") + '"';
@@ -112,12 +113,11 @@ function annotate(svg, built) {
   for (const g of svg.querySelectorAll("g.node, g.cluster")) {
     const info = built.ids.get(g.id);
     if (!info) continue;
-    if (info.type === "box") {
-      g.dataset.module = info.key;
-      g.dataset.expanded = "true";
-    } else if (info.unit.kind === "module") {
-      g.dataset.module = info.key.slice(MODULE_PREFIX.length);
-      g.dataset.expanded = "false";
+    if (info.type === "box" || info.unit.kind === "module") {
+      const [address, call] = splitModuleKey(info.type === "box" ? info.key : info.key.slice(MODULE_PREFIX.length));
+      g.dataset.module = address;
+      if (call !== null) g.dataset.call = String(call);
+      g.dataset.expanded = String(info.type === "box");
     } else if (info.unit.kind === "failed") {
       g.dataset.failed = "true";
     } else {

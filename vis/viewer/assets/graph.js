@@ -172,3 +172,18 @@ function layerUnitOf(layer, placed) {
 function allPasses(layer) {
   return layer.passes.length > 1 ? "1-" + layer.passes.length : "1";
 }
+
+// A module key is a call ('h.0:2') in the unrolled view and an address ('h.0') in the
+// rolled one; the page shows the address and the call apart (data-module, data-call).
+function splitModuleKey(key) {
+  const call = state.mode === "rolled" ? null : DATA.calls[key];
+  return call ? [call.address, call.call] : [key, null];
+}
+
+// What a script or a search names a module by: its key, or its address (the first call).
+function moduleKeyOf(text) {
+  const keys = moduleDepth[state.mode];
+  if (keys.has(text)) return text;
+  if (state.mode === "rolled") return keys.has(text.replace(/:\d+$/, "")) ? text.replace(/:\d+$/, "") : null;
+  return keys.has(text + ":1") ? text + ":1" : null;
+}

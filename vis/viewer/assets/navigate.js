@@ -6,29 +6,41 @@ function onClick(ev) {
   const node = ev.target.closest("g.node");
   if (node) {
     if (node.dataset.expanded === "false") {
-      toggleModule(node.dataset.module);
+      toggleModule(node.dataset.key.slice(MODULE_PREFIX.length));
     } else {
       select(node.dataset.key);
     }
     return;
   }
   const box = ev.target.closest("g.cluster");
-  if (box && box.dataset.module) toggleModule(box.dataset.module);
+  if (box && box.dataset.module) toggleModule(box.dataset.key);
 }
 
-async function toggleModule(moduleKey) {
+// The drawn box or node of a module key, expanded or not.
+function moduleElement(moduleKey) {
+  const svg = state.drawn && state.drawn.svg;
+  if (!svg) return null;
+  return svg.querySelector(`g.cluster[data-key="${cssEscape(moduleKey)}"]`) ||
+    svg.querySelector(`g.node[data-key="${cssEscape(MODULE_PREFIX + moduleKey)}"]`);
+}
+
+// `moduleName`: a module key, or an address (its first call) as scripts name modules.
+async function toggleModule(moduleName) {
+  const moduleKey = moduleKeyOf(moduleName);
+  if (moduleKey === null) return false;
   const opening = !state.expanded.has(moduleKey);
   if (opening) state.expanded.add(moduleKey); else state.expanded.delete(moduleKey);
   state.selected = opening ? null : MODULE_PREFIX + moduleKey;
   showModule(moduleKey);
   await render(opening ? "expand " + moduleKey : "collapse " + moduleKey);
   focusModule(moduleKey);
+  return true;
 }
 
 function focusModule(moduleKey) {
   if (!state.drawn) return;
   fit();
-  const target = state.drawn.svg.querySelector(`[data-module="${cssEscape(moduleKey)}"]`);
+  const target = moduleElement(moduleKey);
   if (target) { flash(target); centerOn(target); }
 }
 
@@ -95,8 +107,8 @@ function searchTargets(text) {
   const exact = [];
   if (passByLabel.has(q) || layerByLabel.has(q)) exact.push({ label: q });
   const moduleKeys = moduleDepth[state.mode];
-  const asModule = state.mode === "rolled" ? q.replace(/:\d+$/, "") : (moduleKeys.has(q) ? q : q + ":1");
-  if (moduleKeys.has(asModule)) exact.push({ module: asModule });
+  const asModule = moduleKeyOf(q);
+  if (asModule !== null) exact.push({ module: asModule });
   if (exact.length) return exact;
   const lower = q.toLowerCase();
   const found = [];
