@@ -195,6 +195,61 @@ def test_parent_the_op_ignores_is_caught() -> None:
     assert target.parents[0].label in problems[0].detail
 
 
+class _LogThenAdd(nn.Module):
+    """`log(x - shift) + ones`: NaN where x < shift, -inf where x == shift."""
+
+    def __init__(self, shift: float) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, x):
+        y = torch.log(x - self.shift)
+        return y + torch.ones(y.shape)
+
+
+def _add_edges(report) -> list[str]:
+    return [e.detail for e in report.inconclusive if e.label.startswith("add")]
+
+
+_INF = float("inf")
+
+
+@pytest.mark.parametrize("shift, x", [
+    (10.0, None),  # the reproducer: NaN throughout
+    (0.0, torch.tensor([0.0, _INF, 0.0, _INF])),  # -inf and inf
+    (0.0, torch.tensor([-1.0, 0.0, _INF, -2.0])),  # NaN, -inf, inf, NaN
+], ids=["nan", "inf", "nan_and_inf"])
+def test_output_nan_or_infinite_throughout_is_inconclusive_not_a_failure(shift, x) -> None:
+    """No values of `ones` can move NaN + ones or inf + ones: the edge says nothing either way."""
+    x = torch.rand(4) if x is None else x
+    report = validate_saved_activations(_LogThenAdd(shift), x, random_seed=0, return_report=True)
+    assert report.passed, report.problems
+    assert [d for d in _add_edges(report) if "'ones_1_3'" in d and "NaN or infinite" in d]
+    assert validate_saved_activations(_LogThenAdd(shift), x)
+
+
+def test_output_nan_in_places_confirms_the_dependence_where_finite() -> None:
+    x = torch.tensor([0.1, 0.9, 0.2, 0.7])  # log(x - 0.5): NaN, finite, NaN, finite
+    history = _log(_LogThenAdd(0.5), x)
+    add = _middle_op(history, "add")
+    assert torch.isnan(add.saved).sum() == 2
+    report = find_replay_problems(history)
+    assert report.passed and _add_edges(report) == []  # both parents moved the finite elements
+    finite = find_replay_problems(_log(_LogThenAdd(-1.0), x))  # log(x + 1): finite throughout
+    assert report.num_perturbed == finite.num_perturbed > 0
+
+
+def test_missing_dependence_next_to_nan_is_still_caught() -> None:
+    """`add` replayed by a function that ignores `ones`: the finite elements stay put, a failure."""
+    history = _log(_LogThenAdd(0.5), torch.tensor([0.1, 0.9, 0.2, 0.7]))
+    add = _middle_op(history, "add")
+    func, args, kwargs = add.func_args
+    add.func_args = (lambda a, b: a + 1, args, kwargs)  # the same values, never reads b
+    report = find_replay_problems(history)
+    assert [(p.label, p.check) for p in report.problems] == [(add.label, "perturb")]
+    assert "'ones_1_3'" in report.problems[0].detail and not report.passed
+
+
 def test_verbose_names_layer_check_and_difference(capsys) -> None:
     class Drifting(nn.Module):
         """Returns a different value on every call: the logged run cannot match a plain one."""

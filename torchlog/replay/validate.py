@@ -98,8 +98,10 @@ def find_replay_problems(history: Any, check_perturbation: bool = True) -> Repla
     elementwise arithmetic op whose output stays put fails here (it must read every
     value); for other ops the edge is inconclusive (a zero weight, a change lost to
     rounding), as is a parent not perturbed because its integer values may be sizes or
-    indexes. `rules.ignores_parent_values` lists the outputs that legitimately do not
-    depend on a parent's values.
+    indexes, or an output NaN or infinite in every element (NaN + v is NaN whatever v
+    is); an output NaN only in places must still move where it is finite.
+    `rules.ignores_parent_values` lists the outputs that legitimately do not depend on a
+    parent's values.
 
     `history` must be logged with `save_function_args=True` and its activations saved;
     ops without them are counted as skipped. The history is not changed.
@@ -231,12 +233,14 @@ def _check_parents(record: PassRecord, values: dict[str, Any], outputs: dict[int
                    report: ReplayReport) -> ReplayProblem | None:
     """Check that each parent moves some output of the call (`outputs`: index -> saved).
 
-    An unmoved output fails only for elementwise arithmetic, which reads every value;
-    for other ops (a zero weight, a change lost to rounding) the edge is inconclusive.
+    An unmoved output fails only for elementwise arithmetic, which reads every value, and
+    only where some output element is finite; for other ops (a zero weight, a change lost
+    to rounding) and outputs NaN or infinite throughout, the edge is inconclusive.
     """
     generator = torch.Generator().manual_seed(record.op_index)
     baseline = rerun(record, values)  # exact reference: replay matched the saved values
     scale = max((largest_finite(t) for t in baseline), default=0.0)
+    can_show = _finite_somewhere(baseline, outputs)
     for label in dict.fromkeys(record.parent_labels):
         if ignores_parent_values(record, label, values, list(outputs.values())):
             continue
@@ -246,16 +250,28 @@ def _check_parents(record: PassRecord, values: dict[str, Any], outputs: dict[int
                 "that may be sizes or indexes: not perturbed"))
             continue
         outcome = _moves_output(record, values, label, baseline, outputs, (generator, scale))
-        if outcome is False and record.func_name in READS_EVERY_VALUE:
+        if outcome is False and can_show and record.func_name in READS_EVERY_VALUE:
             return ReplayProblem(record.label, "perturb",
                                  f"{record.func_name!r} gave the same output with other values "
                                  f"in parent {label!r}: it does not seem to read that parent")
         if outcome is not True:
             why = "no perturbation of it could be run" if outcome is None else \
-                "other values in it did not move the output"
+                "other values in it did not move the output" if can_show else \
+                "the output is NaN or infinite in every element, so no values of the parent can move it"
             report.inconclusive.append(ReplayProblem(record.label, "perturb", f"parent {label!r}: {why}"))
         report.num_perturbed += outcome is True
     return None
+
+
+def _finite_somewhere(baseline: list, outputs: dict[int, Any]) -> bool:
+    """Whether some output of the call has a finite element in the unperturbed re-run.
+
+    Only a finite element can show that an op reads a parent: NaN + v is NaN and
+    inf + v is inf for every v. In elementwise arithmetic every parent feeds every output
+    element (broadcasting included), so one finite element that stays put is a failure,
+    while an output that is NaN or infinite throughout leaves the edge inconclusive.
+    """
+    return any(i < len(baseline) and bool(torch.isfinite(baseline[i]).any()) for i in outputs)
 
 
 def _moves_output(record: PassRecord, values: dict[str, Any], label: str, baseline: list,
