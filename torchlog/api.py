@@ -28,7 +28,7 @@ from torchlog.model_state import compiled_text, eager_submodules, is_compiled, m
 from torchlog.optional import require
 from torchlog.options import LogOptions, merge_options
 from torchlog.seeding import seeded
-from torchlog.selection import output_indexes, resolve
+from torchlog.selection import resolve
 
 __all__ = ["log_forward_pass"]
 
@@ -43,7 +43,9 @@ def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, 
             as one argument when forward takes exactly one positional parameter.
         input_kwargs: keyword arguments for forward.
         options: what to keep, as a LogOptions (layers_to_save, random_seed, save_to, ...).
-            A list `layers_to_save` keeps the chosen passes and, always, the model's outputs.
+            A list `layers_to_save` keeps exactly the chosen passes, in execution order;
+            `history.output_layers` still names the model's outputs (their values are
+            present only when chosen).
         **keywords: the fields of LogOptions by name, as TorchLens spells them
             (`layers_to_save=['conv2d_3_7']`, `random_seed=0`, ...), overriding `options`;
             and rendering options `vis_opt`, `vis_nesting_depth`, `vis_outpath`, ...
@@ -71,8 +73,9 @@ def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, 
         >>> history[2].layer_type
         'relu'
         >>> only_relu = torchlog.LogOptions(layers_to_save=["relu"], random_seed=0)
-        >>> torchlog.log_forward_pass(net, torch.rand(2, 4), options=only_relu).layer_labels
-        ['relu_1_2', 'output_1_3']
+        >>> only = torchlog.log_forward_pass(net, torch.rand(2, 4), options=only_relu)
+        >>> only.layer_labels, only.output_layers
+        (['relu_1_2'], ['output_1_3'])
     """
     if is_compiled(model):
         warnings.warn(compiled_text(model), CompiledModelWarning, stacklevel=2)
@@ -103,7 +106,6 @@ def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistor
     nothing = replace(request.capture, save_all=False, save_indices=frozenset())
     probe = _run(request, nothing, started, prune=False, on_error="return")
     chosen = _reached(probe, entries) if probe.is_partial else resolve(probe, entries)
-    chosen |= output_indexes(probe)  # what the model returned is always kept
     # A model that raised raises again here (or returns), now with the chosen ops saved.
     return _run(request, replace(nothing, save_indices=frozenset(chosen)), started,
                 prune=not request.options.keep_unsaved_layers, expected=probe,

@@ -216,7 +216,9 @@ class ModelHistory(Sequence):
 
     @property
     def output_layers(self) -> list[str]:
-        return [p.label for p in self._passes if p.is_output]
+        """Labels of the model's outputs, in the order forward returned them; also those a
+        `layers_to_save` list left out of the history (their values were not kept)."""
+        return [p.label for p in all_passes(self) if p.is_output]
 
     @property
     def num_tensors(self) -> int:

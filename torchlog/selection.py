@@ -7,7 +7,7 @@ from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, closes
 from torchlog.history import ModelHistory
 from torchlog.records import LayerRecord, PassRecord
 
-__all__ = ["SELECTION_FORMS", "check_entries", "output_indexes", "resolve"]
+__all__ = ["SELECTION_FORMS", "check_entries", "resolve"]
 
 SELECTION_FORMS = (
     "'all', None, or a list mixing layer labels ('conv2d_3_7', 'linear_1_1:2'), module "
@@ -64,14 +64,6 @@ def resolve(history: ModelHistory, entries: Sequence[int | str]) -> set[int]:
                 f"model ({len(history)} layers){hint}; use {SELECTION_FORMS}")
         chosen |= found
     return chosen
-
-
-def output_indexes(history: ModelHistory) -> set[int]:
-    """Op indexes of the model's output passes, which a list `layers_to_save` always keeps.
-
-    A history without outputs (a partial one, whose forward raised) gives an empty set.
-    """
-    return {p.op_index for p in history if p.is_output}
 
 
 def _resolve_one(history: ModelHistory, entry: int | str) -> set[int]:

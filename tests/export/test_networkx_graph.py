@@ -106,9 +106,9 @@ def test_partial_history_exports_what_ran():
 
 
 def test_pruned_history_drops_edges_to_passes_left_out():
-    history = nested(layers_to_save=["linear_1_1", "add_1_3"])
+    history = nested(layers_to_save=["linear_1_1", "add_1_3", "output"])
     graph = history.to_networkx()
-    # The output is always kept; its parent linear_3_9 was left out, so no edge remains.
+    # The output's parent linear_3_9 was left out, so no edge remains.
     assert list(graph.nodes) == ["linear_1_1", "add_1_3", "output_1_10"] and graph.number_of_edges() == 0
 
 

@@ -88,8 +88,10 @@ def test_layers_to_save_seed_example():
     x = torch.rand(1, 3, 224, 224)
     history = torchlog.log_forward_pass(model, x, layers_to_save=["conv2d_3_7", "features", -5, "linear"],
                                         random_seed=1)
+    # The seed's printed list, exactly: the chosen layers only, in execution order.
     assert history.layer_labels == ["conv2d_3_7", "maxpool2d_3_13", "linear_1_17", "dropout_2_19",
-                                     "linear_2_20", "linear_3_22", "output_1_23"]  # outputs always kept
+                                     "linear_2_20", "linear_3_22"]
+    assert history.output_layers == ["output_1_23"] and "output_1_23" not in history
     check_history(history)
     full = torchlog.log_forward_pass(model, x, random_seed=1)
     for record in history:
@@ -102,7 +104,7 @@ def test_selective_save_with_randomness_equals_full_save_filtered():
     x = torch.rand(1, 3, 96, 96)
     part = torchlog.log_forward_pass(model, x, layers_to_save=["dropout", "linear_3"], random_seed=7)
     full = torchlog.log_forward_pass(model, x, random_seed=7)
-    assert part.layer_labels == ["dropout_1_16", "dropout_2_19", "linear_3_22", "output_1_23"]
+    assert part.layer_labels == ["dropout_1_16", "dropout_2_19", "linear_3_22"]
     for record in part:
         assert torch.equal(record.tensor_contents, full[record.label].tensor_contents)
 
@@ -112,7 +114,7 @@ def test_keep_unsaved_layers_keeps_metadata():
                                         keep_unsaved_layers=True)
     check_history(history)
     assert len(history) == 14
-    assert [p.label for p in history if p.has_saved_tensor] == [f"add_1_2:{k}" for k in range(1, 5)] + ["output_1_4"]
+    assert [p.label for p in history if p.has_saved_tensor] == [f"add_1_2:{k}" for k in range(1, 5)]
     assert history["linear_1_1:1"].tensor_contents is None
     assert history["linear_1_1:1"].tensor_meta.shape == (2, 5)
 

@@ -103,7 +103,7 @@ def test_only_the_chosen_passes_are_saved_and_kept() -> None:
     full = torchlog.log_forward_pass(model, x, random_seed=4)
     chosen = torchlog.log_forward_pass(model, x, random_seed=4, layers_to_save=["block1.inner", -2])
     check_history(chosen)
-    assert chosen.layer_labels == ["relu_1_2", "linear_3_9", "output_1_10"]  # the output is always kept
+    assert chosen.layer_labels == ["relu_1_2", "linear_3_9"]  # exactly the chosen passes
     for record in chosen:
         assert torch.equal(record.tensor_contents, full[record.label].tensor_contents)
         assert chosen.lookup_keys(record.label)[2] == record.label
@@ -114,7 +114,7 @@ def test_keep_unsaved_layers_keeps_every_pass_without_its_tensor() -> None:
                                         keep_unsaved_layers=True)
     check_history(history, complete=True)
     assert len(history) == 14
-    assert [p.label for p in history if p.has_saved_tensor] == ["add_1_2:2", "output_1_4"]
+    assert [p.label for p in history if p.has_saved_tensor] == ["add_1_2:2"]
 
 
 def test_none_saves_nothing_in_one_pass() -> None:
@@ -166,7 +166,7 @@ def test_the_same_model_logs_with_a_single_pass() -> None:
     assert torchlog.log_forward_pass(model, torch.ones(2), layers_to_save=None).layer_labels[1] == "sigmoid_1_1"
 
 
-# ----- the model's outputs are always kept ----------------------------------------------------
+# ----- the model's outputs stay named, and are saved when chosen -------------------------------
 class TwoHeads(nn.Module):
     """Returns a dict of two outputs made by different ops."""
 
@@ -179,19 +179,21 @@ class TwoHeads(nn.Module):
         return {"left": self.left(h), "right": torch.sigmoid(self.right(h))}
 
 
-def test_outputs_are_kept_and_saved_beside_the_chosen_layers() -> None:
+def test_outputs_are_named_and_saved_only_when_chosen() -> None:
     torch.manual_seed(0)
     model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), torch.rand(2, 4)
     history = torchlog.log_forward_pass(model, x, layers_to_save=["relu"])
     check_history(history)
-    assert history.layer_labels == ["relu_1_2", "output_1_4"]
-    (output,) = history.output_layers
-    assert torch.equal(history[output].tensor_contents, model(x).detach())
+    assert history.layer_labels == ["relu_1_2"] and history.output_layers == ["output_1_4"]
+    chosen = torchlog.log_forward_pass(model, x, layers_to_save=["relu", "output"])
+    assert chosen.layer_labels == ["relu_1_2", "output_1_4"]
+    (output,) = chosen.output_layers
+    assert torch.equal(chosen[output].tensor_contents, model(x).detach())
     assert torch.equal(history["relu_1_2"].tensor_contents, torch.relu(model[0](x)).detach())
 
 
 @pytest.mark.parametrize("entries", [["relu"], ["left"], [-1], ["sigmoid", "output"]])
-def test_every_output_is_kept_once_whatever_is_chosen(entries: list) -> None:
+def test_every_output_is_named_whatever_is_chosen(entries: list) -> None:
     torch.manual_seed(0)
     model, x = TwoHeads(), torch.rand(2, 4)
     full = torchlog.log_forward_pass(model, x, random_seed=0)
@@ -199,7 +201,7 @@ def test_every_output_is_kept_once_whatever_is_chosen(entries: list) -> None:
     check_history(chosen)
     assert chosen.output_layers == full.output_layers and len(full.output_layers) == 2
     assert len(set(chosen.layer_labels)) == len(chosen.layer_labels)
-    wanted = resolve(full, entries) | {full[label].op_index for label in full.output_layers}
+    wanted = resolve(full, entries)
     assert chosen.layer_labels == [p.label for p in full if p.op_index in wanted]
     for record in chosen:
         assert torch.equal(record.tensor_contents, full[record.label].tensor_contents)
