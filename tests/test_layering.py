@@ -21,6 +21,7 @@ UPWARD_ENTRY_POINTS = {
     ("torchlog.history", "torchlog.vis"),
     ("torchlog.history", "torchlog.storage"),
     ("torchlog.history", "torchlog.export"),
+    ("torchlog.history", "torchlog.comparison"),
     ("torchlog.arguments", "torchlog.vis"),
     ("torchlog.api", "torchlog.storage"),
 }

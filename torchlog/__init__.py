@@ -21,6 +21,7 @@ from torchlog.errors import (
     LogFilePermissionError,
     OpSequenceChangedWarning,
     DistributedExtractError,
+    ComparisonError,
 )
 from torchlog.history import ModelHistory
 from torchlog.invariants import lint
@@ -28,6 +29,7 @@ from torchlog.optional import require
 from torchlog.options import LogOptions
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
 from torchlog.replay import validate_saved_activations
+from torchlog.comparison import Comparison, compare
 
 __version__ = "0.1.0"
 
@@ -76,4 +78,5 @@ __all__ = [
     "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
     "LogFilePermissionError", "IncompleteLogWarning", "lint", "LintError",
     "OpSequenceChangedWarning", "DistributedExtractError",
+    "compare", "Comparison", "ComparisonError",
 ]

@@ -9,7 +9,7 @@ __all__ = ["TorchlogError", "LayerNotFoundError", "InvalidOptionError", "Invalid
            "LogFileNotFoundError", "LogFileExistsError", "LogFilePermissionError",
            "MissingDependencyError", "LintError", "TorchlogWarning", "CompiledModelWarning",
            "IncompleteLogWarning", "OpSequenceChangedWarning", "DistributedExtractError",
-           "closest_matches"]
+           "ComparisonError", "closest_matches"]
 
 _MAX_LISTED = 20  # LintError lists this many problems, then counts the rest
 
@@ -101,6 +101,10 @@ class OpSequenceChangedWarning(TorchlogWarning):
 
 class DistributedExtractError(TorchlogError, RuntimeError):
     """Another rank of a distributed extract refused to start or failed; its message says why."""
+
+
+class ComparisonError(TorchlogError, ValueError):
+    """Two histories cannot be compared: one saved no values, or the runs share no op."""
 
 
 def closest_matches(key: str, candidates: Iterable[str], limit: int = 5) -> list[str]:

@@ -1,0 +1,11 @@
+"""Comparing two logged runs op by op (`torchlog.compare`): where they part, and the error each op adds on its own."""
+from torchlog.comparison.align import Pair, align
+from torchlog.comparison.api import compare
+from torchlog.comparison.difference import Difference, difference
+from torchlog.comparison.nonfinite import first_nonfinite
+from torchlog.comparison.result import Comparison
+from torchlog.comparison.rows import Row, Status
+from torchlog.comparison.tolerances import Tolerance
+
+__all__ = ["compare", "Comparison", "Row", "Status", "Difference", "Tolerance", "Pair", "align",
+           "difference", "first_nonfinite"]

@@ -1,0 +1,78 @@
+"""Which status a pair of passes gets: what makes values comparable, and which ops drew random numbers."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchlog.comparison.difference import Difference, difference
+from torchlog.comparison.rows import Status
+from torchlog.comparison.tolerances import Tolerance
+from torchlog.records import PassRecord
+from torchlog.replay.rules import UNDEFINED_VALUES
+
+__all__ = ["RANDOM_OPS", "is_undefined", "random_draws", "judge"]
+
+# Ops that draw from the RNG when they run (dropout only in training: with rng states
+# recorded, `random_draws` tells; without, a difference they carry in still shows).
+RANDOM_OPS = frozenset({
+    "dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+    "feature_alpha_dropout", "native_dropout", "rand", "randn", "randint", "randperm",
+    "rand_like", "randn_like", "randint_like", "normal", "normal_", "uniform_", "bernoulli",
+    "bernoulli_", "multinomial", "poisson", "exponential_", "geometric_", "cauchy_",
+    "log_normal_", "random_", "rrelu", "rrelu_", "gumbel_softmax",
+})
+
+
+def is_undefined(record: PassRecord) -> bool:
+    """Whether the pass is uninitialised memory (`empty`, `new_empty`): no run can reproduce it."""
+    return record.func_name in UNDEFINED_VALUES
+
+
+def random_draws(passes: Sequence[PassRecord]) -> set[str]:
+    """Labels of the passes that drew random numbers.
+
+    With recorded RNG states (save_function_args=True) an op drew when the state after it
+    (the next op's) differs from its own; otherwise, and for the last op, by its name.
+    """
+    drew: set[str] = set()
+    states = [(record, record.rng_state) for record in passes if record.rng_state is not None]
+    for (record, state), (_, after) in zip(states, states[1:]):
+        if state is not after and not _same_state(state, after):
+            drew.add(record.label)
+    known = {record.label for record, _ in states[:-1]}
+    drew.update(r.label for r in passes if r.label not in known and r.func_name in RANDOM_OPS)
+    return drew
+
+
+def _same_state(first: Any, second: Any) -> bool:
+    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor):
+        return torch.equal(first, second)
+    if isinstance(first, tuple) and isinstance(second, tuple) and len(first) == len(second):
+        return all(_same_state(x, y) if isinstance(x, torch.Tensor) else x == y
+                   for x, y in zip(first, second))
+    return False
+
+
+def judge(a: PassRecord, b: PassRecord, tolerance: Tolerance,
+          random_unmatched: bool) -> tuple[Status, Difference | None, Any]:
+    """The status of a paired pass, its difference, and a's value (read once, for reuse).
+
+    `random_unmatched`: the op drew random numbers in runs of different seeds and its
+    paired parents all match, so a difference is the draw's, not the runs'.
+    """
+    if a.shape != b.shape:
+        return Status.SHAPE, None, None
+    if is_undefined(a) or is_undefined(b):
+        return Status.NOT_COMPARABLE, None, None
+    if a.saved is None or b.saved is None:
+        return Status.NOT_SAVED, None, None
+    value_a, value_b = a.tensor_contents, b.tensor_contents  # values are read here, pair by pair
+    if not (isinstance(value_a, torch.Tensor) and isinstance(value_b, torch.Tensor)) \
+            or value_a.shape != value_b.shape:
+        return Status.NOT_COMPARABLE, None, value_a
+    found = difference(value_a, value_b)
+    if found.within(tolerance):
+        return Status.MATCH, found, value_a
+    return (Status.NOT_COMPARABLE if random_unmatched else Status.DIFFERS), found, value_a
