@@ -25,11 +25,14 @@ from torchlog.storage.format import (
 )
 from torchlog.storage.values import WriteOptions
 
-__all__ = ["LAYERS", "BATCH_SIZES", "ORDER", "Appender", "ActivationFile"]
+__all__ = ["LAYERS", "BATCH_SIZES", "ORDER", "SELECTED", "Appender", "ActivationFile"]
 
 LAYERS = "layers"  # group: one dataset per layer, sample axis first
 BATCH_SIZES = "batch_sizes"  # samples added by each finished batch
 ORDER = "order"  # attribute of LAYERS: JSON list of the labels in execution order
+# Attribute of LAYERS: JSON list of [entry, [labels]], each `layers` entry extract was given
+# with the labels it selected (absent in files written before it was recorded).
+SELECTED = "selected"
 _CHUNK_CACHE_BYTES = 1 << 20  # HDF5's default chunk cache per dataset
 
 
@@ -170,6 +173,10 @@ class Appender:
 class ActivationFile(Mapping):
     """An extract file: `acts[label]` is that layer's numpy array over every sample written.
 
+    Iterating gives the labels, in execution order. A key may also be an entry of the
+    `layers` extract was given (`acts['fc1']`) when it selected one layer; `selected`
+    maps each entry to the labels it chose, and `labels_for(key)` resolves either form.
+
     Only finished batches are shown, so a file whose run was interrupted reads consistently.
     bfloat16 and other dtypes numpy lacks are returned as float32 by `[]` (exact values);
     `tensor(label)` gives the original dtype.
@@ -187,36 +194,86 @@ class ActivationFile(Mapping):
             self.num_samples = int(np.sum(file[BATCH_SIZES][()]))
             layers = file[LAYERS]
             self.layers: list[str] = json.loads(layers.attrs[ORDER]) if ORDER in layers.attrs else []
+            # An entry (str, or int for a position) -> the labels it selected, in order.
+            self.selected: dict[str | int, list[str]] = {
+                entry: labels for entry, labels in json.loads(layers.attrs.get(SELECTED, "[]"))}
             self.shapes = {k: (self.num_samples, *layers[k].shape[1:]) for k in self.layers}
             self.dtypes = {k: dtype_from_name(str(layers[k].attrs["torch_dtype"])) for k in self.layers}
             for label in self.layers:
                 _check_sources(layers[label], label, self.path)
 
-    def tensor(self, label: str) -> torch.Tensor:
-        """The layer as a tensor of its original dtype (bfloat16 included).
+    def labels_for(self, key: str | int) -> list[str]:
+        """The labels `key` names: a label names itself, a `layers` entry given to extract
+        (module address, substring, position) the layers it selected, in execution order.
 
         Raises:
-            LayerNotFoundError: the file has no such layer; the message lists close ones.
+            LayerNotFoundError: `key` is neither; the message lists the labels, the entries
+                and the closest of them.
+
+        Example:
+            >>> import tempfile, os, torch, torchlog
+            >>> path = os.path.join(tempfile.mkdtemp(), "acts.h5")
+            >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+            >>> acts = torchlog.extract(net, torch.rand(6, 3), ["0", "relu"], path, batch_size=4)
+            >>> acts.labels_for("0"), acts["relu"].shape
+            (['linear_1_1'], (6, 4))
         """
-        self._check(label)
+        if isinstance(key, str) and key in self.shapes:
+            return [key]
+        if isinstance(key, (str, int)) and not isinstance(key, bool) and key in self.selected:
+            return list(self.selected[key])
+        raise self._unknown(key)
+
+    def tensor(self, key: str | int) -> torch.Tensor:
+        """The layer as a tensor of its original dtype (bfloat16 included); `key` is its
+        label or a `layers` entry that selected that one layer (see labels_for).
+
+        Raises:
+            LayerNotFoundError: the file has no such layer, or `key` selected several; the
+                message lists them, or the close ones.
+        """
+        label = self._check(key)
         with files.open_existing(self.path) as file:
             try:
                 return array_to_tensor(file[LAYERS][label][: self.num_samples], self.dtypes[label])
             except ValueError as exc:
                 raise LogFileError(f"layer {label!r} in {self.path!r} is damaged: {exc}") from exc
 
-    def __getitem__(self, label: str) -> np.ndarray:
-        """The layer as a numpy array, samples first (see the class note on dtypes)."""
-        tensor = self.tensor(label)
+    def __getitem__(self, key: str | int) -> np.ndarray:
+        """The layer as a numpy array, samples first (see the class note on dtypes); `key`
+        as for `tensor`."""
+        tensor = self.tensor(key)
         return (tensor.float() if is_bits_encoded(tensor.dtype) else tensor).numpy()
 
-    def _check(self, label: str) -> None:
-        if label not in self.shapes:
-            near = closest_matches(str(label), self.layers)
-            hint = f"; closest: {', '.join(near)}" if near else ""
+    def __contains__(self, key: object) -> bool:
+        """Whether `acts[key]` finds one layer (read nothing)."""
+        try:
+            return len(self.labels_for(key)) == 1  # type: ignore[arg-type]
+        except LayerNotFoundError:
+            return False
+
+    def _check(self, key: str | int) -> str:
+        """The one label `key` names."""
+        labels = self.labels_for(key)
+        if len(labels) != 1:
             raise LayerNotFoundError(
-                f"no layer {label!r} in {self.path!r}; it holds {len(self.layers)} layers "
-                f"({', '.join(self.layers[:8])}{', ...' if len(self.layers) > 8 else ''}){hint}")
+                f"{key!r} selected {len(labels)} layers of {self.path!r} ({', '.join(labels)}); "
+                f"read one of them by label, or all with ActivationDataset(path, layers=[{key!r}])")
+        return labels[0]
+
+    def _unknown(self, key: Any) -> LayerNotFoundError:
+        held = f"{', '.join(self.layers[:8])}{', ...' if len(self.layers) > 8 else ''}"
+        entries, how = "", "name a layer by its label"
+        if self.selected:
+            chosen = [f"{entry!r} ({len(labels)} layer{'' if len(labels) == 1 else 's'})"
+                      for entry, labels in self.selected.items()]
+            entries = f", chosen by the entries extract took: {', '.join(chosen)}"
+            how += " or by one of those entries"
+        near = closest_matches(str(key), self.layers + [e for e in self.selected if isinstance(e, str)])
+        hint = f"; closest: {', '.join(near)}" if near else ""
+        return LayerNotFoundError(
+            f"no layer {key!r} in {self.path!r}; it holds {len(self.layers)} layers ({held}){entries}; "
+            f"{how}{hint}")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.layers)

@@ -21,11 +21,13 @@ class ActivationDataset(torch.utils.data.Dataset):
     """The samples of an extract file: item `i` is row `i` of each chosen layer.
 
     With one layer an item is a tensor, with several a tuple of tensors in the order
-    given, each in the layer's own dtype (bfloat16 included). Rows are read in blocks of
-    `block_samples` samples and the last block of each layer is kept, so reading in order
-    (a DataLoader without shuffle) reads the file once, block by block; `__getitems__`
-    lets a DataLoader read a whole batch with one read per block it touches. The file is
-    opened on first read in each process, so DataLoader workers each open their own.
+    given, each in the layer's own dtype (bfloat16 included). Layers are named by label or
+    by the keys extract took (`layers=['fc1']` after `extract(..., layers=['fc1', 'act'])`).
+    Rows are read in blocks of `block_samples` samples and the last block of each layer
+    is kept, so reading in order (a DataLoader without shuffle) reads the file once, block
+    by block; `__getitems__` lets a DataLoader read a whole batch with one read per block
+    it touches. The file is opened on first read in each process, so DataLoader workers
+    each open their own.
 
     Example:
         >>> import tempfile, os, torch, torchlog
@@ -36,25 +38,31 @@ class ActivationDataset(torch.utils.data.Dataset):
         (3, tensor([4., 5.]))
     """
 
-    def __init__(self, path: Any, layers: Sequence[str] | None = None, block_samples: int | None = None) -> None:
+    def __init__(self, path: Any, layers: Sequence[str | int] | None = None,
+                 block_samples: int | None = None) -> None:
         """Read the file's layer list; no data yet.
 
         Args:
             path: a file written by `extract` (a joined file of shards too).
-            layers: the layers to read (default: every layer, in execution order).
+            layers: the layers to read (default: every layer, in execution order): labels,
+                or entries of the `layers` given to extract (a module address, a substring,
+                a position), each standing for the layers it selected, in execution order.
             block_samples: samples per read (default: about 4 MiB of the widest layer).
 
         Raises:
             LogFileNotFoundError, LogFileError: as ActivationFile (a missing shard included).
-            LayerNotFoundError: a layer the file does not hold; the message lists close ones.
+            LayerNotFoundError: a key that is neither a label of the file nor an entry
+                extract was given; the message lists both, and the closest.
             InvalidArgumentTypeError, InvalidOptionError: bad `layers` or `block_samples`.
         """
         self.file = ActivationFile(path)
         if isinstance(layers, str) or (layers is not None and not isinstance(layers, (list, tuple))):
-            raise InvalidArgumentTypeError(f"layers must be a list of layer labels, got {layers!r}")
-        self.layers = list(self.file.layers if layers is None else layers)
-        for label in self.layers:
-            self.file._check(label)
+            raise InvalidArgumentTypeError(
+                f"layers must be a list of layer labels or of the entries extract was given, got "
+                f"{layers!r}; e.g. layers=[{layers!r}]")
+        # Each key as extract took it (a label, a module address, ...) -> its labels.
+        self.layers = list(self.file.layers) if layers is None else [
+            label for key in layers for label in self.file.labels_for(key)]
         if block_samples is not None and (isinstance(block_samples, bool) or not isinstance(block_samples, int)
                                           or block_samples < 1):
             raise InvalidOptionError(f"block_samples must be a positive int, got {block_samples!r}")

@@ -1,8 +1,9 @@
 """Running chosen layers over a dataset into one array per layer, resumably, in one or many processes.
 
 File layout (root attribute `format` = 'torchlog-extract'): `layers/<label>` holds one
-dataset per layer with the sample as first axis; `batch_sizes` records how many samples
-each finished batch added. A batch counts only once every layer got it, so after an
+dataset per layer with the sample as first axis, and the group's `selected` attribute
+which `layers` entry chose which labels (so readers take the same keys); `batch_sizes`
+records how many samples each finished batch added. A batch counts only once every layer got it, so after an
 interruption a rerun continues after the last finished one. Under torch.distributed each
 rank writes a shard of its own and rank 0 joins them (see shards.py).
 
@@ -23,7 +24,7 @@ from torchlog.storage import files
 from torchlog.storage.arrays import ActivationFile, Appender
 from torchlog.storage.batches import Batches, batch_len
 from torchlog.storage.distributed import Group, current_group
-from torchlog.storage.extract_files import finished_batches, open_extract, run_config
+from torchlog.storage.extract_files import finished_batches, note_selection, open_extract, run_config
 from torchlog.storage.extract_plan import ExtractPlan
 from torchlog.storage.format import COMPLETE
 from torchlog.storage.shards import join_shards, other_runs, remove_other_runs, shard_path
@@ -107,6 +108,7 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
     with _ProgressBar(job, progress) as bar:
         with open_extract(job.path, job.config, resume=bool(done)) as file:
             store = Appender(file, job.path, options, job.batches.num_samples_in(job.share), chunks)
+            note_selection(file, job.plan.selected)
             job.count(bar, len(done), store)
             for index, batch, saved in _chain(first, stream, job):
                 job.write(store, index, batch, saved)

@@ -16,10 +16,10 @@ import numpy as np
 
 from torchlog.errors import LogFileError, LogFileExistsError
 from torchlog.storage import files
-from torchlog.storage.arrays import BATCH_SIZES, LAYERS
+from torchlog.storage.arrays import BATCH_SIZES, LAYERS, SELECTED
 from torchlog.storage.format import EXTRACT_FORMAT_NAME, FORMAT_VERSION, WRITING
 
-__all__ = ["run_config", "finished_batches", "open_extract"]
+__all__ = ["run_config", "finished_batches", "open_extract", "note_selection"]
 
 # What a rerun must share with the run that wrote a file, as messages name it.
 _KEYS = {"model_name": "the model", "layers": "layers", "batch_size": "batch_size",
@@ -75,6 +75,13 @@ def open_extract(path: str, config: dict[str, str], resume: bool) -> h5py.File:
     file.create_group(LAYERS)
     file.create_dataset(BATCH_SIZES, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(1024,))
     return file
+
+
+def note_selection(file: h5py.File, selected: list[tuple[str | int, list[str]]]) -> None:
+    """Record which `layers` entry selected which labels (JSON, read by ActivationFile), so
+    that readers take the keys extract took; a resumed file keeps what its first run wrote."""
+    if selected and SELECTED not in file[LAYERS].attrs:
+        file[LAYERS].attrs[SELECTED] = json.dumps([[entry, labels] for entry, labels in selected])
 
 
 def _mismatch(file: h5py.File, path: str, config: dict[str, Any]) -> str | None:

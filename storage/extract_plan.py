@@ -45,8 +45,11 @@ class ExtractPlan:
     def __init__(self, model: nn.Module, entries: list[str | int], needs_history: bool = False) -> None:
         self.model = model
         self.entries = entries
-        self.kind: str | None = "full" if needs_history else None
+        self.kind: str | None = None
+        self._needs_history = needs_history
         self.labels: list[str] = []
+        # Each entry with the labels it selected on the first batch, in execution order.
+        self.selected: list[tuple[str | int, list[str]]] = []
         self.num_fallbacks = 0
         self._named = list(model.named_modules())
         self._runner: HookRunner | LeanRunner | None = None
@@ -107,12 +110,18 @@ class ExtractPlan:
     def _resolve(self, batch: Any, seed: int) -> None:
         probe = log_forward_pass(self.model, batch, layers_to_save=None, random_seed=seed)
         passes = all_passes(probe)
-        indexes = resolve(probe, self.entries)
+        # One entry at a time, so that the file can say which entry chose which layer.
+        per_entry = [resolve(probe, [entry]) for entry in self.entries]
+        indexes = set().union(*per_entry)
+        self.selected = [(entry, [passes[i].label for i in sorted(found)])
+                         for entry, found in zip(self.entries, per_entry)]
         chosen = [passes[i] for i in sorted(indexes)]
         self.labels = [p.label for p in chosen]
         outputs = [p for p in passes if p.kind == NodeKind.OUTPUT]
         self._kept_outputs = frozenset(k for k, p in enumerate(outputs) if p.op_index in indexes)
-        if all(isinstance(e, str) and e in probe.modules for e in self.entries):
+        if self._needs_history:
+            self.kind = "full"
+        elif all(isinstance(e, str) and e in probe.modules for e in self.entries):
             self._outputs = {e: probe.modules[e].call_outputs for e in self.entries}
             self._runner = HookRunner(self.model, self._outputs, self.labels)
             self.kind = "hooks"

@@ -17,7 +17,7 @@ import numpy as np
 
 from torchlog.errors import LogFileError
 from torchlog.storage import files
-from torchlog.storage.arrays import BATCH_SIZES, LAYERS, ORDER
+from torchlog.storage.arrays import BATCH_SIZES, LAYERS, ORDER, SELECTED
 from torchlog.storage.format import COMPLETE, EXTRACT_FORMAT_NAME, FORMAT_VERSION
 
 __all__ = ["shard_path", "find_shards", "other_runs", "remove_other_runs", "join_shards"]
@@ -82,7 +82,7 @@ def join_shards(target: str, world_size: int, config: dict[str, str]) -> None:
         LogFileError: a shard is missing or unfinished, or shards hold other layers,
             shapes or dtypes than rank 0's.
     """
-    names, sizes, layouts = [], [], {}
+    names, sizes, layouts, selected = [], [], {}, None
     for rank in range(world_size):
         path = shard_path(target, rank, world_size)
         with files.open_existing(path) as shard:
@@ -91,7 +91,8 @@ def join_shards(target: str, world_size: int, config: dict[str, str]) -> None:
             names.append(os.path.basename(path))
             sizes.append(shard[BATCH_SIZES][()].astype(np.int64))
             layouts[rank] = _layers_of(shard)
-    _write_target(target, names, sizes, layouts, config)
+            selected = selected or shard[LAYERS].attrs.get(SELECTED)  # which entry chose which layer
+    _write_target(target, names, sizes, layouts, config, selected)
 
 
 def _layers_of(shard: h5py.File) -> dict[str, tuple] | None:
@@ -104,7 +105,7 @@ def _layers_of(shard: h5py.File) -> dict[str, tuple] | None:
 
 
 def _write_target(target: str, names: list[str], sizes: list[np.ndarray], layouts: dict,
-                  config: dict[str, str]) -> None:
+                  config: dict[str, str], selected: str | None) -> None:
     first = _common_layers(names, layouts)
     temporary = target + ".joining"
     with files.create(temporary, overwrite=True) as file:
@@ -117,6 +118,8 @@ def _write_target(target: str, names: list[str], sizes: list[np.ndarray], layout
             group.create_virtual_dataset(label, layout).attrs["torch_dtype"] = torch_dtype
         if first:  # every shard empty: no layer, and no order, as in an empty extract file
             group.attrs[ORDER] = json.dumps(list(first))
+        if selected:
+            group.attrs[SELECTED] = selected
     os.replace(temporary, target)
 
 

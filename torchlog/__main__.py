@@ -104,6 +104,8 @@ def _add_file_commands(commands: argparse._SubParsersAction) -> None:
     show.add_argument("file")
     layers = commands.add_parser("layers", help="list the layers of a log or extract file with shapes")
     layers.add_argument("file")
+    layers.add_argument("keys", nargs="*", help="only the layers these name: labels, or for an "
+                        "extract file the --layers entries it was made with (e.g. fc1)")
     render = commands.add_parser("render", help="render the graph of a log file with graphviz")
     render.add_argument("file")
     render.add_argument("--rolled", action="store_true", help="one node per layer, not per pass")

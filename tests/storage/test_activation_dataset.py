@@ -72,7 +72,8 @@ def test_bfloat16_layers_come_back_in_their_dtype(tmp_path: Path) -> None:
 def test_bad_layers_and_indexes_are_named(acts_path: Path) -> None:
     with pytest.raises(LayerNotFoundError, match="no layer 'relu_1_3'.*closest: relu_1_2"):
         ActivationDataset(acts_path, layers=["relu_1_3"])
-    with pytest.raises(TypeError, match="layers must be a list of layer labels, got 'relu_1_2'"):
+    with pytest.raises(TypeError, match=r"layers must be a list of layer labels or of the entries "
+                       r"extract was given, got .relu_1_2.; e.g. layers=\[.relu_1_2.\]"):
         ActivationDataset(acts_path, layers="relu_1_2")
     with pytest.raises(IndexError, match="sample 50 is outside the 50 samples"):
         ActivationDataset(acts_path)[50]

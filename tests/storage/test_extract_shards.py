@@ -67,6 +67,7 @@ def test_the_joined_file_equals_a_single_process_run(tmp_path: Path, monkeypatch
     assert acts.is_complete and acts.num_samples == factories.NUM_SAMPLES
     for label in LAYERS:
         np.testing.assert_array_equal(acts[label], expected[label])
+    assert acts.selected == open_activations(tmp_path / "single.h5").selected == {k: [k] for k in LAYERS}
     assert sorted(find_shards(target).values()) == [(r, world) for r in range(world)]
     with h5py.File(target) as file:  # plain h5py reads one array per layer, sample i at row i
         assert file["layers/relu_1_2"].is_virtual
@@ -81,6 +82,8 @@ def test_more_ranks_than_batches_leave_empty_shards(tmp_path: Path, monkeypatch)
                                                          batch_size=3))
     expected = torchlog.extract(factories.model(), data, LAYERS, tmp_path / "one.h5", batch_size=3)
     np.testing.assert_array_equal(open_activations(target)["relu_1_2"], expected["relu_1_2"])
+    # Rank 0 had no batch: the entries come from a shard that had one.
+    assert open_activations(target).selected == {"relu_1_2": ["relu_1_2"], "linear_2_3": ["linear_2_3"]}
 
 
 def _bytes(folder: Path) -> dict[str, bytes]:
