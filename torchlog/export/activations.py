@@ -1,60 +1,51 @@
-"""Saved activations as exporters need them: a float copy for histograms, and its statistics."""
+"""Saved activations as exporters summarise them: which passes, and their statistics.
+
+The statistics themselves are `torchlog.statistics`, the one definition every front end
+uses (the viewer's panel, TensorBoard's scalars and histograms, Netron's metrics).
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from torchlog.errors import InvalidOptionError
-from torchlog.records import PassRecord
+from torchlog.statistics import TensorStats, summarize_all
 
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
-__all__ = ["numeric_values", "activation_stats", "require_saved"]
+__all__ = ["activation_stats", "require_saved"]
 
 
-def numeric_values(record: PassRecord) -> torch.Tensor | None:
-    """The saved activation as a detached float64 CPU tensor; None when nothing numeric is saved.
+def activation_stats(history: "ModelHistory") -> dict[str, TensorStats]:
+    """Statistics of each pass's saved activation that exporters summarise, by pass label.
 
-    Complex tensors give their magnitudes; bool and integer tensors their values.
-    Empty tensors and values that are not tensors (an `activation_postfunc` result)
-    give None.
+    Left out: the output passes (they repeat their producer), empty tensors and values that
+    are not tensors (an `activation_postfunc` result). A value shared by passes is
+    summarised once.
 
     Example:
         >>> import torch, torchlog
-        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.tensor([-1.0, 2.0]))
-        >>> numeric_values(h['relu_1_1'])
-        tensor([0., 2.], dtype=torch.float64)
+        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.tensor([-1.0, 3.0]))
+        >>> stats = activation_stats(h)
+        >>> list(stats), stats['relu_1_1'].mean, stats['relu_1_1'].std
+        (['input_1_0', 'relu_1_1'], 1.5, 1.5)
     """
-    value = record.tensor_contents
-    if not isinstance(value, torch.Tensor) or value.numel() == 0:
-        return None
-    value = value.detach()
-    if value.is_complex():
-        value = value.abs()
-    return value.to("cpu", torch.float64)
-
-
-def activation_stats(values: torch.Tensor) -> dict[str, float]:
-    """Mean, std, min, max over the finite values, and how many values are NaN or infinite.
-
-    The std is the population std (`unbiased=False`), 0 for a single value; without
-    a finite value, the four statistics are NaN.
-
-    Example:
-        >>> activation_stats(torch.tensor([1.0, 3.0, float('nan')], dtype=torch.float64))
-        {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0, 'num_nan': 1, 'num_inf': 0}
-    """
-    finite = values[torch.isfinite(values)]
-    nan = float("nan")
-    stats = {"mean": nan, "std": nan, "min": nan, "max": nan}
-    if finite.numel():
-        stats = {"mean": finite.mean().item(), "std": finite.std(unbiased=False).item(),
-                 "min": finite.min().item(), "max": finite.max().item()}
-    stats["num_nan"] = int(torch.isnan(values).sum())
-    stats["num_inf"] = int(torch.isinf(values).sum())
-    return stats
+    labels: dict[str, int] = {}
+    values: dict[int, torch.Tensor] = {}
+    for record in history:
+        if record.is_output or record.saved is None:
+            continue
+        key = id(record.saved)
+        if key not in values:
+            value = record.tensor_contents
+            if not isinstance(value, torch.Tensor) or value.numel() == 0:
+                continue
+            values[key] = value
+        labels[record.label] = key
+    found = dict(zip(values, summarize_all(values.values())))
+    return {label: found[key] for label, key in labels.items()}
 
 
 def require_saved(history: "ModelHistory", option: str) -> None:

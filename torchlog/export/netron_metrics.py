@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchlog.export.activations import activation_stats, numeric_values
+from torchlog.export.activations import activation_stats
 from torchlog.export.costs import cost_by_module
 
 if TYPE_CHECKING:
@@ -35,10 +35,10 @@ def node_metrics(history: "ModelHistory") -> list[dict[str, Any]]:
     """One entry per (node, metric): ops by label, module calls by call ('block1:1').
 
     Ops get `time (µs)`, `output bytes`, with profile=True `saved for backward bytes` (and
-    `CUDA peak bytes` on CUDA), and, when saved, `mean`, `std`, `min`, `max` and
-    the counts of NaN and infinite values; module calls the totals of everything inside
-    them (`torchlog.export.cost_by_module`). NaN statistics (no finite value) are left out, since JSON
-    has no NaN.
+    `CUDA peak bytes` on CUDA), and, when saved, `mean`, `std` (population), `min`, `max`
+    and the counts of NaN and infinite values (`torchlog.statistics`, as in the viewer);
+    module calls the totals of everything inside them (`torchlog.export.cost_by_module`).
+    Statistics of a value with no finite entry are left out, since JSON has no NaN.
 
     Example:
         >>> import torch, torchlog
@@ -47,6 +47,7 @@ def node_metrics(history: "ModelHistory") -> list[dict[str, Any]]:
         [('output bytes', 8), ('mean', 1.5), ('std', 1.5)]
     """
     entries: list[dict[str, Any]] = []
+    summaries = activation_stats(history)
     for record in history:
         if not record.is_input:
             _add(entries, record.label, "time (µs)", round(record.elapsed_s * 1e6, 3))
@@ -55,10 +56,10 @@ def node_metrics(history: "ModelHistory") -> list[dict[str, Any]]:
                                 ("CUDA peak bytes", record.peak_bytes)):
                 if value is not None:  # profile=True
                     _add(entries, record.label, name, value)
-        values = None if record.is_output else numeric_values(record)
-        if values is not None:
-            for name, value in activation_stats(values).items():
-                _add(entries, record.label, name, value)
+        stats = summaries.get(record.label)
+        if stats is not None:
+            for name in ("mean", "std", "min", "max", "num_nan", "num_inf"):
+                _add(entries, record.label, name, getattr(stats, name))
     for call, cost in cost_by_module(history).items():
         _add(entries, call, "time (µs)", round(cost.elapsed_s * 1e6, 3))
         _add(entries, call, "ops", cost.num_ops)
@@ -69,8 +70,8 @@ def node_metrics(history: "ModelHistory") -> list[dict[str, Any]]:
     return entries
 
 
-def _add(entries: list[dict[str, Any]], target: str, name: str, value: float) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
+def _add(entries: list[dict[str, Any]], target: str, name: str, value: float | None) -> None:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return
     entries.append({"kind": "node", "target": target, "name": name, "value": value})
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchlog.errors import InvalidArgumentTypeError, LogFilePermissionError
-from torchlog.export.activations import activation_stats, numeric_values
+from torchlog.export.activations import activation_stats
 from torchlog.optional import require
 from torchlog.export.tensorboard_graph import graph_def, run_metadata
 from torchlog.records import PassRecord
@@ -148,7 +148,8 @@ def activation_tag(record: PassRecord) -> str:
 def write_activations(history: "ModelHistory", writer: Any, step: int) -> int:
     """Histogram and mean/std scalars of every saved numeric activation; returns how many.
 
-    Histograms cover the finite values only (NaN and inf have no bin).
+    The figures are `torchlog.statistics`' (the viewer shows the same ones): the population
+    std, and the histogram's bins over the finite values (NaN and inf have no bin).
 
     Example:
         >>> import tempfile, torch, torchlog
@@ -159,18 +160,18 @@ def write_activations(history: "ModelHistory", writer: Any, step: int) -> int:
         2
     """
     written = 0
-    for record in history:
-        values = None if record.is_output else numeric_values(record)
-        if values is None:
-            continue
-        tag = activation_tag(record)
-        stats = activation_stats(values)
-        finite = values[torch.isfinite(values)]
-        if finite.numel():
-            writer.add_histogram(f"{tag}/activations", finite.numpy(), step)
-            writer.add_scalar(f"{tag}/mean", stats["mean"], step)
-            writer.add_scalar(f"{tag}/std", stats["std"], step)
-            written += 1
+    for label, stats in activation_stats(history).items():
+        if not stats.counts:
+            continue  # no finite value
+        tag = activation_tag(history[label])
+        n, mean, std = stats.num_finite, stats.mean, stats.std
+        writer.add_histogram_raw(f"{tag}/activations", min=stats.min, max=stats.max, num=n,
+                                 sum=mean * n, sum_squares=n * (std * std + mean * mean),
+                                 bucket_limits=stats.bin_edges()[1:],
+                                 bucket_counts=list(stats.counts), global_step=step)
+        writer.add_scalar(f"{tag}/mean", mean, step)
+        writer.add_scalar(f"{tag}/std", std, step)
+        written += 1
     return written
 
 

@@ -28,7 +28,7 @@ from torchlog.vis.text import (
     MAX_SHAPES_SHOWN, arg_text, caption_lines, failure_lines, layer_lines, pass_lines, passes_text,
     shape_text,
 )
-from torchlog.vis.viewer.stats import tensor_stats
+from torchlog.vis.viewer.stats import tensor_stats_all
 
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
@@ -50,10 +50,9 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
         >>> [p["label"] for p in data["passes"]], data["passes"][1]["kind"]
         (['input_1_0', 'linear_1_1', 'output_1_2'], 'param')
     """
-    stats_cache: dict[int, Any] = {}
     layers = {layer.label: layer for layer in history.layers}
-    with _one_thread():
-        passes = [_pass_entry(r, stats_cache if with_stats else None) for r in history]
+    stats = _all_stats(history) if with_stats else {}
+    passes = [_pass_entry(r, stats.get(r.label)) for r in history]
     return {
         "version": FORMAT_VERSION,
         "model": history.model_name,
@@ -89,7 +88,7 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _pass_entry(record: PassRecord, stats_cache: dict[int, Any] | None) -> dict[str, Any]:
+def _pass_entry(record: PassRecord, stats: dict[str, Any] | None) -> dict[str, Any]:
     """What the page knows of one pass; fields that are empty or false are left out, which
     keeps a 20,000-op page a third smaller."""
     entry: dict[str, Any] = {
@@ -117,7 +116,7 @@ def _pass_entry(record: PassRecord, stats_cache: dict[int, Any] | None) -> dict[
         "outputOf": list(record.output_of_modules),
         "params": [[p.address, list(p.shape), p.num_params] for p in record.params],
         "address": record.buffer_address,
-        "stats": _stats(record, stats_cache) if stats_cache is not None else None,
+        "stats": stats,
     }
     entry.update((key, value) for key, value in optional.items() if value)
     if record.has_grad:
@@ -126,14 +125,17 @@ def _pass_entry(record: PassRecord, stats_cache: dict[int, Any] | None) -> dict[
     return entry
 
 
-def _stats(record: PassRecord, cache: dict[int, Any]) -> dict[str, Any] | None:
-    """Statistics of the saved value; a value shared by passes is summarised once."""
-    if record.saved is None:
-        return None
-    key = id(record.saved)
-    if key not in cache:
-        cache[key] = tensor_stats(record.tensor_contents)
-    return cache[key]
+def _all_stats(history: "ModelHistory") -> dict[str, dict[str, Any]]:
+    """Statistics of every saved value by pass label, all computed together; a value shared
+    by passes is summarised once."""
+    values: dict[int, Any] = {}
+    for record in history:
+        if record.saved is not None:
+            values.setdefault(id(record.saved), record.tensor_contents)
+    with _one_thread():
+        found = dict(zip(values, tensor_stats_all(list(values.values()))))
+    return {r.label: found[id(r.saved)] for r in history
+            if r.saved is not None and found[id(r.saved)] is not None}
 
 
 def _site(call_site: str | None) -> dict[str, Any] | None:
