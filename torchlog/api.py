@@ -18,12 +18,15 @@ from torchlog.capture import CaptureOptions, CapturedPass, Failure, run_captured
 from torchlog.collector import collector_paused
 from torchlog.errors import (
     CompiledModelWarning,
+    InterventionError,
     InvalidOptionError,
+    closest_matches,
     ModelInputError,
     NondeterministicModelError,
 )
 from torchlog.gradients import GradientStore, warn_if_no_gradients
 from torchlog.history import ModelHistory, RunInfo, all_passes
+from torchlog.interventions.records import intervention_records
 from torchlog.model_state import compiled_text, eager_submodules, is_compiled, model_kept
 from torchlog.optional import require
 from torchlog.options import LogOptions, merge_options
@@ -99,17 +102,51 @@ def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, 
 def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistory:
     """`gradient_sink` stores the gradients of the history returned (GradientStore's sink)."""
     started = perf_counter()
-    entries = request.entries
-    if entries is None or entries == []:
+    entries, acting = request.entries, request.acting
+    listed = entries is not None and entries != []
+    if not listed and (acting is None or not acting.needs_probe):
         capture = request.capture  # save_all is set by prepare
-        return _run(request, capture, started, prune=False, gradient_sink=gradient_sink)
+        if acting is not None:
+            capture = replace(capture, plan=acting.plan(None))
+        return _acted(request, _run(request, capture, started, prune=False, gradient_sink=gradient_sink))
+    # Labels need a pass: a first one saving nothing (acting on the sites found while it
+    # runs), on which labels, positions and selectors are resolved.
     nothing = replace(request.capture, save_all=False, save_indices=frozenset())
-    probe = _run(request, nothing, started, prune=False, on_error="return")
+    probe_capture = nothing if acting is None else replace(nothing, plan=acting.plan(None))
+    probe = _run(request, probe_capture, started, prune=False, on_error="return")
+    plan = None if acting is None else acting.plan(probe)
+    if not listed:
+        capture = replace(request.capture, plan=plan)
+        return _acted(request, _run(request, capture, started, prune=False, gradient_sink=gradient_sink))
     chosen = _reached(probe, entries) if probe.is_partial else resolve(probe, entries)
     # A model that raised raises again here (or returns), now with the chosen ops saved.
-    return _run(request, replace(nothing, save_indices=frozenset(chosen)), started,
-                prune=not request.options.keep_unsaved_layers, expected=probe,
-                gradient_sink=gradient_sink)
+    return _acted(request, _run(request, replace(nothing, save_indices=frozenset(chosen), plan=plan),
+                                started, prune=not request.options.keep_unsaved_layers,
+                                expected=probe, gradient_sink=gradient_sink))
+
+
+def _acted(request: Request, history: ModelHistory) -> ModelHistory:
+    """`history`, once every intervention site of the request is found to have acted.
+
+    Raises:
+        InterventionError: a site never acted in a pass that ran to its end (or to its
+            stop); the history is on `exc.torchlog_history`.
+    """
+    acting = request.acting
+    if acting is None or history.is_partial:
+        return history
+    fired = {record.number for record in history.info.interventions}
+    missing = [site for site in acting.sites if site.number not in fired]
+    if not missing:
+        return history
+    stopped = f" before the pass was stopped after {history.stopped_at!r}" if history.stopped_at else ""
+    near = closest_matches(str(missing[0].given), history.layer_labels + list(history.modules))
+    error = InterventionError(
+        f"intervene site {missing[0].given!r} matched no pass of this run{stopped}, so its action "
+        f"{missing[0].action!r} was never applied{'; closest: ' + ', '.join(near) if near else ''}"
+        + (f" ({len(missing) - 1} more sites did not act either)" if len(missing) > 1 else ""))
+    error.torchlog_history = history
+    raise error
 
 
 def _open_log_file(request: Request) -> Any:
@@ -167,12 +204,25 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
             raise error  # the model's own exception, its traceback intact
         finally:
             del error  # the traceback keeps this frame: it must not keep the error in turn
-    if expected is not None and [p.func_name for p in expected] != [p.func_name for p in all_passes(history)]:
+    if expected is not None and not _same_ops(expected, history):
+        if request.acting is not None:
+            raise InterventionError(
+                f"the interventions changed which ops {history.model_name} ran after their sites, "
+                "so the layers chosen by layers_to_save in the pass that found them cannot be "
+                "found again; save with layers_to_save='all' (or None) when intervening this way")
         raise NondeterministicModelError(
             f"{history.model_name} ran different ops on two passes with random seed "
             f"{request.seed}, so the layers chosen by layers_to_save cannot be found again; "
             "save with layers_to_save='all' and pick layers from the result instead")
     return history
+
+
+def _same_ops(expected: ModelHistory, history: ModelHistory) -> bool:
+    """Whether `history` ran `expected`'s ops (its first ones only, when it was stopped)."""
+    before, now = [p.func_name for p in all_passes(expected)], [p.func_name for p in all_passes(history)]
+    if history.stopped_at is not None:
+        before = before[:len(now)]
+    return before == now
 
 
 def _capture(request: Request, capture: CaptureOptions,
@@ -261,6 +311,10 @@ def _build(request: Request, captured: CapturedPass, started: float, prune: bool
     if store is not None:
         store.attach(passes)  # pruned passes get no gradient
         info.num_gradient_hooks = store.num_hooked
+    if captured.firings or captured.stopped_at is not None:
+        info.interventions = intervention_records(captured.firings, built.passes)
+        if captured.stopped_at is not None:
+            info.stopped_at = built.passes[captured.stopped_at].label
     if captured.failure is not None:
         info.is_partial = True
         info.failure, info.failed_parents = _describe_failure(captured.failure, built.passes)

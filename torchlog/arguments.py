@@ -12,6 +12,7 @@ from torch import nn
 
 from torchlog.capture.options import CaptureOptions
 from torchlog.errors import InvalidArgumentTypeError, ModelInputError, TorchlogWarning
+from torchlog.interventions.sites import Interventions, check_intervene
 from torchlog.options import LogOptions
 from torchlog.seeding import new_seed
 
@@ -35,6 +36,7 @@ class Request:
     entries: list | None  # layers_to_save: None = save all; [] = save none
     capture: CaptureOptions  # what every pass of this call keeps, before selection
     named_modules: list = field(default_factory=list)  # one walk of the model, reused
+    acting: Interventions | None = None  # intervene and stop_after against this model
 
 
 def prepare(model: Any, input_args: Any, input_kwargs: Any, options: LogOptions) -> Request:
@@ -65,7 +67,10 @@ def prepare(model: Any, input_args: Any, input_kwargs: Any, options: LogOptions)
                              save_function_args=options.save_function_args, plugins=_plugins(),
                              profile=options.profile)
     seed = new_seed() if options.random_seed is None else options.random_seed
-    return Request(model, args, input_kwargs, options, seed, entries, capture, named)
+    acting = None
+    if options.intervene is not None or options.stop_after is not None:
+        acting = Interventions(check_intervene(options.intervene), options.stop_after, named)
+    return Request(model, args, input_kwargs, options, seed, entries, capture, named, acting)
 
 
 def _plugins() -> tuple:

@@ -103,6 +103,13 @@ class DistributedExtractError(TorchlogError, RuntimeError):
     """Another rank of a distributed extract refused to start or failed; its message says why."""
 
 
+class InterventionError(TorchlogError, RuntimeError):
+    """An intervention could not be done as asked: its site matched nothing, its action
+    raised or returned a value of the wrong shape, dtype or device, or the pass ran other
+    ops than the logged pass its labels were found in. Names the site; an error raised by
+    the action is chained, and the partial history is on `exc.torchlog_history`."""
+
+
 class ComparisonError(TorchlogError, ValueError):
     """Two histories cannot be compared: one saved no values, or the runs share no op."""
 

@@ -31,6 +31,10 @@ class RunInfo:
     # Every pass of the run, also those layers_to_save left out of the history; None when
     # unknown (a log rebuilt after a crash).
     all_passes: list[PassRecord] | None = field(default=None, repr=False)
+    # With intervene: every action applied, in order (torchlog.interventions.InterventionRecord).
+    interventions: tuple = ()
+    # With stop_after: the label of the pass after which the forward pass was ended.
+    stopped_at: str | None = None
 
 
 class ModelHistory(Sequence):
@@ -209,6 +213,17 @@ class ModelHistory(Sequence):
     @property
     def is_partial(self) -> bool:
         return self.info.is_partial
+
+    @property
+    def interventions(self) -> tuple:
+        """Every action `intervene` applied in this run, in order (InterventionRecords:
+        site, pass label, action, max absolute change); () without interventions."""
+        return self.info.interventions
+
+    @property
+    def stopped_at(self) -> str | None:
+        """The pass after which `stop_after` ended the forward pass, or None."""
+        return self.info.stopped_at
 
     @property
     def input_layers(self) -> list[str]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -10,6 +10,7 @@ import torch
 
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
 from torchlog.gradients import check_gradient_options
+from torchlog.interventions.sites import check_intervene, check_stop_after
 from torchlog.selection import check_entries
 
 __all__ = ["LogOptions", "ON_ERROR", "merge_options", "device_of"]
@@ -73,6 +74,12 @@ class LogOptions:
     save_to: str | os.PathLike | None = None  # HDF5 file to stream saved activations into
     overwrite: bool = False  # with save_to, replace an existing file instead of refusing
     profile: bool = False  # also count each op's bytes saved for backward and CUDA peak
+    # {site: action} or [(site, action), ...]: change activations as the pass runs
+    # (torchlog.interventions); the history is the intervened run.
+    intervene: Mapping[Any, Any] | Sequence[tuple[Any, Any]] | None = None
+    # A site (as intervene takes them): end the pass right after its last pass (or the
+    # pass it names) was recorded, and return the history so far (`history.stopped_at`).
+    stop_after: Any = None
 
     def __post_init__(self) -> None:
         for name in _BOOL_FIELDS:
@@ -89,6 +96,8 @@ class LogOptions:
         check_gradient_options(self.save_gradients, self.detach_saved_tensors)
         device_of(self.output_device)
         check_entries(self.layers_to_save)
+        check_intervene(self.intervene)
+        check_stop_after(self.stop_after)
 
     @property
     def device(self) -> torch.device | None:

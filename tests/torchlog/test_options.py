@@ -21,11 +21,12 @@ TORCHLENS_NAMES = ["layers_to_save", "keep_unsaved_layers", "output_device", "de
 
 def test_every_keyword_is_a_field_with_the_old_default() -> None:
     fields = {f.name: f.default for f in dataclasses.fields(LogOptions)}
-    assert list(fields) == TORCHLENS_NAMES + ["profile"]  # profile: torchlog's own (issue 13)
+    assert list(fields) == TORCHLENS_NAMES + ["profile", "intervene", "stop_after"]  # torchlog's own
     assert fields == {"layers_to_save": "all", "keep_unsaved_layers": False, "output_device": "same",
                       "detach_saved_tensors": False, "random_seed": None, "activation_postfunc": None,
                       "save_function_args": False, "on_error": "raise", "save_gradients": False,
-                      "save_to": None, "overwrite": False, "profile": False}
+                      "save_to": None, "overwrite": False, "profile": False, "intervene": None,
+                      "stop_after": None}
 
 
 def test_options_are_frozen_and_checked_when_made() -> None:

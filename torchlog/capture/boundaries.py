@@ -122,8 +122,8 @@ def _hooks(module: nn.Module, address: str, recorder: Any) -> list:
             return
         if _getframe(1).f_code is _CALL_IMPL_CODE:  # called from _call_impl's `except`: it raised
             recorder.leave_raised(address)
-        else:
-            recorder.leave(address, output)
+            return None
+        return recorder.leave(address, output)  # `output`, or an intervention's replacement
 
     return [module.register_forward_pre_hook(enter, prepend=True),
             module.register_forward_hook(leave, prepend=True, always_call=True)]
@@ -191,8 +191,7 @@ def _wrapper(key: int, forward: Any) -> Any:
         except BaseException:
             recorder.leave_raised(address)
             raise
-        recorder.leave(address, output)
-        return output
+        return recorder.leave(address, output)  # `output`, or an intervention's replacement
 
     forward_logged.__wrapped__ = forward  # inspect.signature(module.forward) still reads the original
     return forward_logged

@@ -46,3 +46,7 @@ class CapturedPass:
     # Nodes whose saved value is wrong: saved by reference (not copied), then changed by an
     # in-place write no op announced. The API runs the pass again copying them.
     stale_saves: tuple[int, ...] = ()
+    # With a plan (capture/plan.py): the actions applied, in order (recorder.FiringRecord),
+    # and the node after which `stop_after` ended the pass (None: it ran to the end).
+    firings: tuple = ()
+    stopped_at: int | None = None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchlog.capture.nodes import RawNode
+from torchlog.capture.plan import OpPlan
 from torchlog.capture.sink import ActivationSink
 
 if TYPE_CHECKING:
@@ -50,3 +51,5 @@ class CaptureOptions:
     on_node: Callable[[RawNode, torch.Tensor], None] | None = None
     # Count each op's bytes saved for backward and CUDA peak (capture/profile.py).
     profile: bool = False
+    # Interventions and stops to apply while the pass runs (capture/plan.py), or None.
+    plan: OpPlan | None = None

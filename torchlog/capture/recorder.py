@@ -5,7 +5,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -17,6 +17,10 @@ from torchlog.capture.functionals import run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
+from torchlog.capture.plan import Act, Firing, StopCapture, substitute
+from torchlog.errors import InterventionError
+from torchlog.labels import layer_type_of
+from torchlog.select import OpView
 from torchlog.capture.profile import OpProfiler
 from torchlog.capture.rng import rng_state
 from torchlog.capture.transfer import DeviceCopier
@@ -24,7 +28,16 @@ from torchlog.capture.ops import DESCRIPTIONS, PASS_THROUGH, collapse, describe,
 from torchlog.capture.writes import DATA_SET, SETITEM
 from torchlog.records import ParamInfo, TensorMeta
 
-__all__ = ["PASS_THROUGH", "Recorder"]
+__all__ = ["FiringRecord", "PASS_THROUGH", "Recorder"]
+
+
+class FiringRecord(NamedTuple):
+    """One action applied during a pass."""
+
+    number: int  # the (site, action) pair's position in `intervene`
+    firing: Firing  # where it fired
+    action: Any  # the action applied
+    max_abs_change: float  # largest absolute change it made to the value (NaN-aware)
 
 _Tensor = torch.Tensor
 _SETITEM = SETITEM
@@ -44,6 +57,46 @@ class _TensorRef(weakref.ref):
     """Weak reference to a live tensor, naming the node that last wrote it."""
 
     __slots__ = ("key", "node", "version")
+
+
+def _act_number(act: Act) -> int:
+    return act.number
+
+
+_LAYER_TYPES: dict[str, str] = {}
+
+
+def _layer_type(name: str) -> str:
+    found = _LAYER_TYPES.get(name)
+    if found is None:
+        found = _LAYER_TYPES[name] = layer_type_of(name)
+    return found
+
+
+def _unfit(new: Any, value: torch.Tensor) -> str | None:
+    """Why `new` cannot replace `value` (in words), or None when it can."""
+    if not isinstance(new, _Tensor):
+        return f"returned {type(new).__name__} {new!r:.60}, not a tensor"
+    if new.shape != value.shape:
+        return f"returned shape {tuple(new.shape)} for a value of shape {tuple(value.shape)}"
+    if new.dtype != value.dtype:
+        return f"returned dtype {new.dtype} for a value of dtype {value.dtype}"
+    if new.device != value.device:
+        return f"returned a tensor on {new.device} for a value on {value.device}"
+    return None
+
+
+def _max_change(old: torch.Tensor, new: torch.Tensor) -> float:
+    """The largest absolute elementwise change; 0.0 for empty tensors, NaN where either is NaN."""
+    if new is old or old.numel() == 0:
+        return 0.0
+    with torch.no_grad():
+        a, b = old.detach(), new.detach()
+        if not (a.is_floating_point() or a.is_complex()):
+            a, b = a.double(), b.double()
+        diff = (b - a).abs()
+        same = (a == b) | (a.isnan() & b.isnan())  # an unchanged NaN or infinity changed nothing
+        return float(diff.masked_fill(same, 0).max())
 
 
 def _written_tensors(args: tuple, kwargs: dict, first: bool, slot: int | None) -> list:
@@ -167,6 +220,12 @@ class Recorder:
         self.profiler = OpProfiler(self.named_modules) if options.profile else None
         # Moves saved copies to output_device; from CUDA to the CPU asynchronously.
         self._copier = DeviceCopier(options.output_device) if options.output_device is not None else None
+        # Interventions and stops (capture/plan.py); `_acting` is the one test per op without.
+        self._plan = options.plan
+        self._acting = options.plan is not None
+        self.firings: list[FiringRecord] = []  # every action applied, in order
+        self.stopped_at: int | None = None  # the node after which the pass was stopped
+        self._checked = 0  # nodes found equal to the plan's logged pass so far
 
     def _make_forget(self) -> Callable[[_TensorRef], None]:
         producer = self.producer
@@ -359,14 +418,19 @@ class Recorder:
                 self._note_failure(name, parents)
                 raise
             elapsed = perf_counter_ns() - t0
+            if self._acting:
+                out = self._act(func, name, writes_first_arg, args, kwargs, out)
             if type(out) is _Tensor:
                 self._record_one(out, name, writes_first_arg or "out" in kwargs, elapsed,
                                  parents, params)
                 if name == "data" and func == _DATA_GET:
                     self._watch(args[0])
-                return out
-            return self._record_result(func, name, writes_first_arg, args, kwargs, out, elapsed,
-                                       parents, params, None)
+            else:
+                out = self._record_result(func, name, writes_first_arg, args, kwargs, out,
+                                          elapsed, parents, params, None)
+            if self._acting:
+                self._stop_if_due()
+            return out
         if self.options.save_function_args:
             self._rng_before = self._rng_state(args, kwargs)
         token = None if self.profiler is None else self.profiler.start()
@@ -379,10 +443,14 @@ class Recorder:
             self._note_failure(name, parents)
             raise
         elapsed = perf_counter_ns() - t0 if token is None else self.profiler.stop(token, t0)
+        if self._acting:
+            out = self._act(func, name, writes_first_arg, args, kwargs, out)
         self._record_result(func, name, writes_first_arg, args, kwargs, out, elapsed,
                             parents, params, None if token is None else self.profiler.last)
         if name == "data" and func == _DATA_GET:
             self._watch(args[0])
+        if self._acting:
+            self._stop_if_due()
         return out
 
     def _watch(self, t: Any) -> None:
@@ -472,8 +540,13 @@ class Recorder:
         """Record a call that already ran as one op (a functional whose body recorded
         nothing), as `on_op` would have."""
         self._rng_before = rng
-        return self._record_result(func, name, describe(func).writes_first_arg, args, kwargs, out, 0,
-                                   parents, params, None)
+        writes = describe(func).writes_first_arg
+        if self._acting:
+            out = self._act(func, name, writes, args, kwargs, out)
+        out = self._record_result(func, name, writes, args, kwargs, out, 0, parents, params, None)
+        if self._acting:
+            self._stop_if_due()
+        return out
 
     def rename_call(self, first_node: int, name: str, func_args: tuple, parents: list,
                     params: list, rng: torch.Tensor | None, site: tuple) -> None:
@@ -669,6 +742,135 @@ class Recorder:
             nodes = tuple(dict.fromkeys(index for index, _ in parents))
             self._failed_op = (name, self.module_stack, nodes)
 
+    # ----- interventions and stops (capture/plan.py) ---------------------------------------
+    def _act(self, func: Callable, name: str, writes: bool, args: tuple, kwargs: dict, out: Any) -> Any:
+        """Apply the plan's actions to the outputs of the op that just returned (its node is
+        next); return what the model gets in place of `out`."""
+        plan = self._plan
+        if not (plan.at_calls or plan.at_ops):
+            return out
+        outs = output_tensors(func, args, out)
+        call, base = self._call_count + 1, len(self.nodes)
+        for output_index, (t, _) in enumerate(outs):
+            index, label, acts = base + output_index, None, ()
+            planned = plan.at_calls.get((call, output_index)) if plan.at_calls else None
+            if planned is not None:
+                expected, label, acts = planned
+                self._check_ops(expected, index, name)
+            if plan.at_ops:
+                view = OpView(name, _layer_type(name), self.module_stack, tuple(t.shape), t.dtype,
+                              index, output_index)
+                found = tuple(rule.act for rule in plan.at_ops if rule.test(view))
+                if found:
+                    acts = tuple(sorted(acts + found, key=_act_number))
+            if not acts:
+                continue
+            new = t
+            for act in acts:
+                new = self._apply(act, new, Firing(act.site, index, name, None, label))
+            if writes or "out" in kwargs or any(t is a for a in args):
+                # The op wrote into a tensor the model holds and may not use its result:
+                # the edit goes where the op wrote.
+                with torch._C.DisableTorchFunction():
+                    t.copy_(new)
+            else:
+                out = substitute(out, t, new)
+        return out
+
+    def _act_on_exit(self, call: tuple[str, int], output: Any, returned: list[int]) -> Any:
+        """Apply the plan's actions on module call `call`'s output (the first tensor it
+        returned, the one `history[address]` finds); stop after it if the plan says so."""
+        plan = self._plan
+        rules = plan.at_exits.get(call[0]) if plan.at_exits else None
+        if rules and returned:
+            index = returned[0]
+            node = self.nodes[index]
+            view = OpView(node.func_name, _layer_type(node.func_name), node.module_path,
+                          node.meta.shape, node.meta.dtype, index, node.output_index)
+            acts = [r.act for r in rules if (r.call is None or r.call == call[1])
+                    and (r.test is None or r.test(view))]
+            if acts:
+                old = find_tensors(output)[0][0]
+                new = old
+                for act in acts:
+                    new = self._apply(act, new, Firing(act.site, index, node.func_name, call, None))
+                output = substitute(output, old, new)
+                self._adopt(node, new)
+        if plan.stop_exit == call:
+            self.stopped_at = returned[-1] if returned else len(self.nodes) - 1
+            raise StopCapture()
+        return output
+
+    def _apply(self, act: Act, value: torch.Tensor, firing: Firing) -> torch.Tensor:
+        """`act`'s action on `value`, checked, and noted in `firings`.
+
+        Raises:
+            StopCapture: carrying an InterventionError when the action raised or returned
+                something other than a tensor of `value`'s shape, dtype and device.
+        """
+        where = f"at op {firing.op_index} ({firing.func_name!r}"
+        where += f", output of {firing.module_call[0]}:{firing.module_call[1]})" if firing.module_call else ")"
+        with torch._C.DisableTorchFunction():  # the action's own ops are not the model's
+            try:
+                new = act.action(value, firing)
+            except Exception as exc:
+                error = InterventionError(
+                    f"the action {act.action!r} of site {act.site!r} raised {type(exc).__name__} "
+                    f"{where}: {exc}")
+                error.__cause__ = exc
+                raise StopCapture(error) from exc
+            problem = _unfit(new, value)
+            if problem is not None:
+                raise StopCapture(InterventionError(
+                    f"the action {act.action!r} of site {act.site!r} {problem} {where}; an action "
+                    "must return a tensor of the value's shape, dtype and device"))
+            self.firings.append(FiringRecord(act.number, firing, act.action, _max_change(value, new)))
+        return new
+
+    def _adopt(self, node: RawNode, new: torch.Tensor) -> None:
+        """Make `new`, which replaced `node`'s tensor on its way out of a module, the value
+        of `node`: readers downstream find `node` as its producer, and what is saved and
+        hooked for gradients is `new`."""
+        ref = _TensorRef(new, self._forget)
+        ref.key, ref.node, ref.version = id(new), node.index, _version(new)
+        self.producer[id(new)] = ref
+        opts = self.options
+        if node.saved is not None:
+            self._saved_versions.pop(node.index, None)
+            if opts.sink is not None:
+                node.saved = opts.sink(self.nodes, node.index, self._copy_for_saving(new))
+            else:
+                self._save(node, new)
+        if opts.on_node is not None:
+            opts.on_node(node, new)
+
+    def _check_ops(self, expected: int, index: int, name: str) -> None:
+        """Refuse to act unless this pass ran the logged pass's ops up to node `index`."""
+        names, nodes = self._plan.expected, self.nodes
+        for k in range(self._checked, min(index, len(nodes))):
+            if k >= len(names) or nodes[k].func_name != names[k]:
+                self._refuse(k, nodes[k].func_name)
+        if index != expected or (index < len(names) and names[index] != name):
+            self._refuse(index, name)
+        self._checked = index
+
+    def _refuse(self, index: int, name: str) -> None:
+        names = self._plan.expected
+        then = repr(names[index]) if index < len(names) else "nothing"
+        raise StopCapture(InterventionError(
+            f"this pass ran other ops than the logged pass its label sites were found in: op "
+            f"{index} is {name!r} where that pass had {then}, so no action was applied to a "
+            "possibly wrong op; the model's ops depend on something besides its inputs and "
+            "seed (state, or an earlier intervention changing control flow). Use a module "
+            "address or a torchlog.select selector, which are found while the pass runs"))
+
+    def _stop_if_due(self) -> None:
+        stop = self._plan.stop_node
+        if stop is not None and len(self.nodes) > stop:
+            self._check_ops(stop, stop, self.nodes[stop].func_name)
+            self.stopped_at = stop
+            raise StopCapture()
+
     # ----- module boundaries ------------------------------------------------------------
     def enter(self, address: str, frame: Any) -> None:
         """Module `address` starts a call; `frame` runs its forward (capture/boundaries.py)."""
@@ -678,10 +880,11 @@ class Recorder:
         self.module_sites = self.module_sites + (self._call_site(module_caller(frame)),)
         self.module_frames = self.module_frames + (frame,)
 
-    def leave(self, address: str, output: Any) -> None:
-        """Module `address` returned `output`."""
+    def leave(self, address: str, output: Any) -> Any:
+        """Module `address` returned `output`; returns what its caller gets (`output`, or
+        `output` with an intervention's replacement in it)."""
         with torch._C.DisableTorchFunction():
-            self._exit(address, output)
+            return self._exit(address, output)
 
     def leave_raised(self, address: str) -> None:
         """Module `address` raised (or an exception passed through it)."""
@@ -690,13 +893,13 @@ class Recorder:
         with torch._C.DisableTorchFunction():
             self._exit(address, None)
 
-    def _exit(self, address: str, output: Any) -> None:
+    def _exit(self, address: str, output: Any) -> Any:
         stack = self.module_stack
         depth = len(stack) - 1
         while depth >= 0 and stack[depth][0] != address:
             depth -= 1
         if depth < 0:
-            return
+            return output
         call = stack[depth]
         self.module_stack = stack[:depth]
         self.module_sites = self.module_sites[:depth]
@@ -710,6 +913,9 @@ class Recorder:
             self.nodes[index].output_of.append(call)
             returned.append(index)
         self.call_outputs[call] = returned
+        if self._acting and output is not None:
+            output = self._act_on_exit(call, output, returned)
+        return output
 
     # ----- start and end ------------------------------------------------------------------
     def add_outputs(self, output: Any) -> None:
@@ -739,4 +945,4 @@ class Recorder:
             failure = Failure(error, name, stack, parents)
         outputs = {call: tuple(nodes) for call, nodes in self.call_outputs.items()}
         return CapturedPass(tuple(self.nodes), dict(self.module_calls), outputs, modules, failure,
-                            self.stale_saves())
+                            self.stale_saves(), tuple(self.firings), self.stopped_at)

@@ -16,6 +16,7 @@ from torchlog.capture.call_sites import call_site, mark_boundary
 from torchlog.capture.captured import CapturedPass, ModuleInfo
 from torchlog.capture.nesting import Attribute, find_tensors
 from torchlog.capture.options import CaptureOptions
+from torchlog.capture.plan import StopCapture
 from torchlog.capture.recorder import PASS_THROUGH, Recorder
 from torchlog.errors import NestedLoggingError
 
@@ -67,6 +68,8 @@ def run_captured(model: nn.Module, args: tuple, kwargs: dict, options: CaptureOp
             recorder.add_source(t, "input", _input_name(path))
     try:
         _run_recorded(recorder, model, args, kwargs)
+    except StopCapture as stop:  # `stop_after` reached (no error), or an intervention failed
+        return recorder.finish(module_table(recorder.named_modules), stop.error)
     except Exception as exc:  # the caller re-raises it once the partial history is built
         return recorder.finish(module_table(recorder.named_modules), exc)
     return recorder.finish(module_table(recorder.named_modules), None)

@@ -1,0 +1,47 @@
+"""What an intervened pass reports: one record per action applied, in order."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["InterventionRecord", "intervention_records"]
+
+
+@dataclass(frozen=True, slots=True)
+class InterventionRecord:
+    """One action applied to one pass of an intervened run (`history.interventions`)."""
+
+    site: Any  # the site as given in `intervene`
+    label: str  # the pass it changed, as this run labels it
+    action: Any  # the action (its repr names it and its parameters)
+    max_abs_change: float  # the largest absolute change it made to the value
+    op_index: int  # the pass's position among every pass of the run
+    number: int = 0  # the (site, action) pair's position in `intervene`
+
+    def as_json(self) -> dict[str, Any]:
+        """The record as JSON-ready data (for log files): site and action as text."""
+        params = self.action.params() if hasattr(self.action, "params") else {}
+        change = self.max_abs_change
+        return {"site": self.site if isinstance(self.site, (str, int)) else repr(self.site),
+                "label": self.label, "action": repr(self.action),
+                "action_name": getattr(self.action, "name", "call"), "params": params,
+                "max_abs_change": None if math.isnan(change) else change, "op_index": self.op_index}
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.action!r} at site {self.site!r} (max |change| {self.max_abs_change:.4g})"
+
+
+def intervention_records(firings: tuple, passes: list) -> tuple[InterventionRecord, ...]:
+    """The records of a pass's firings (capture's FiringRecords), labelled from its passes,
+    each intervened pass marked in `extra['interventions']` (action, site, change: JSON-ready)."""
+    records = []
+    for fired in firings:
+        record = passes[fired.firing.op_index]
+        found = InterventionRecord(fired.firing.site, record.label, fired.action,
+                                   fired.max_abs_change, record.op_index, fired.number)
+        records.append(found)
+        marks = list(record.extra.get("interventions", ()))
+        marks.append(found.as_json())
+        record.extra = {**record.extra, "interventions": marks}
+    return tuple(records)
