@@ -342,3 +342,18 @@ def test_a_python_functional_is_a_box_like_a_module_call(driver, tmp_path):
     rows = _panel_rows(driver)
     assert rows["in modules"] == f"{scope} ‹ attn:1"
     assert float(rows["max"]) == pytest.approx(softmax.tensor_contents.max().item(), rel=1e-4)
+
+
+def test_leaving_the_search_box_keeps_the_match_enter_found(driver, tmp_path):
+    history = _nested_history()
+    _open(driver, history, tmp_path, depth=1)
+    relus = [r.label for r in history if r.func_name == "relu"]
+    assert len(relus) == 2
+    driver.find_element("css selector", "#torchlog-search").send_keys("relu\n")
+    wait_for(driver, f"return document.querySelector('#torchlog-panel h2')?.textContent === {relus[0]!r}")
+    status = driver.find_element("id", "torchlog-status").text
+    assert "match 1 of 2" in status
+    driver.find_element("id", "torchlog-fit").click()  # the search box loses focus
+    driver.execute_script("return new Promise(r => setTimeout(r, 200))")
+    assert driver.find_element("id", "torchlog-status").text == status
+    assert _panel_title(driver) == relus[0]

@@ -80,7 +80,11 @@ function installControls() {
   el("torchlog-export-svg").onclick = exportSvg;
   el("torchlog-export-png").onclick = exportPng;
   ui.search.addEventListener("keydown", (ev) => { if (ev.key === "Enter") { ev.preventDefault(); runSearch(); } });
-  ui.search.addEventListener("change", () => { if (ui.search.value) runSearch(); });
+  // `change` also fires when the box loses focus: search only for new text (a suggestion
+  // picked from the list), never step to the next match of the text Enter already found.
+  ui.search.addEventListener("change", () => {
+    if (ui.search.value && ui.search.value !== lastSearch.text) runSearch();
+  });
   ui.graph.addEventListener("click", onClick);
   ui.panel.addEventListener("click", onPanelClick);
   window.addEventListener("resize", () => state.view && fit());
