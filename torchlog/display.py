@@ -72,6 +72,12 @@ def format_history(history: "ModelHistory") -> str:
     ]
     if info.is_partial:
         lines.append(f"{_INDENT}Stopped at: {info.failure}")
+    if info.stopped_at is not None:
+        lines.append(f"{_INDENT}Stopped after: {info.stopped_at} (stop_after)")
+    if info.interventions:
+        changed = len({r.label for r in info.interventions})
+        lines.append(f"{_INDENT}Interventions: {len(info.interventions)} fired, on {changed} "
+                     f"pass{'es' if changed != 1 else ''} (history.interventions)")
     lines.append(f"{_INDENT}Module Hierarchy:")
     lines += _hierarchy_lines(history, 2)
     lines.append(f"{_INDENT}Layers:")
@@ -140,6 +146,10 @@ def format_pass(record: PassRecord) -> str:
     passes = f" (pass {record.pass_num} of {record.num_passes})" if record.num_passes > 1 else ""
     lines = [f"Layer {record.label}{passes}, operation {where}:"]
     lines.append(f"{_INDENT}Output tensor: shape={shape_text(meta.shape)}, dtype={meta.dtype}, size={human_size(meta.num_bytes)}")
+    for mark in record.extra.get("interventions", ()):
+        change = mark["max_abs_change"]
+        lines.append(f"{_INDENT}Intervened: {mark['action']} at site {mark['site']!r} "
+                     f"(max |change| {'nan' if change is None else f'{change:.4g}'})")
     if record.saved is None:
         lines.append(f"{_INDENT * 2}(not saved)")
     elif isinstance(record.tensor_contents, torch.Tensor):

@@ -43,6 +43,7 @@ class GradientStore:
         self.num_hooked = 0  # nodes whose tensor required grad and got a hook
         self._records: dict[int, weakref.ref] | None = None  # op_index -> its PassRecord
         self._early: dict[int, torch.Tensor] = {}  # gradients that arrived before attach
+        self._handles: dict[int, Any] = {}  # node index -> its hook (replaced with its tensor)
 
     def on_node(self, node: Any, tensor: torch.Tensor) -> None:
         """Capture callback (`CaptureOptions.on_node`): hook `tensor` if it can have a gradient.
@@ -53,8 +54,13 @@ class GradientStore:
         if not tensor.requires_grad:
             return
         index = node.index
-        tensor.register_hook(lambda grad: self._receive(index, grad))
-        self.num_hooked += 1
+        handle = tensor.register_hook(lambda grad: self._receive(index, grad))
+        previous = self._handles.get(index)
+        if previous is not None:  # an intervention replaced the node's tensor: its gradient is the new one's
+            previous.remove()
+        else:
+            self.num_hooked += 1
+        self._handles[index] = handle
 
     def _receive(self, index: int, grad: torch.Tensor) -> None:
         if self._records is None:

@@ -54,8 +54,10 @@ class Action:
         return {}
 
     def __repr__(self) -> str:
+        params = self.params()
+        params.update({k: v for k, v in self._fields().items() if isinstance(v, tuple)})
         shown = [f"{k}={v}" if isinstance(v, str) and k in ("index", "tensor", "vector", "direction", "module")
-                 else f"{k}={v!r}" for k, v in self.params().items()]
+                 else f"{k}={v!r}" for k, v in params.items()]
         return f"{self.name}({', '.join(shown)})"
 
 
