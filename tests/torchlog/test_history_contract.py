@@ -77,7 +77,18 @@ COVERED = {
     "to_onnx": "test_exports",
     "to_tensorboard": "test_exports",
     "summary": "test_summary_str_and_repr",
+    "interventions": "test_interventions_and_stop",
+    "stopped_at": "test_interventions_and_stop",
 }
+
+
+def test_interventions_and_stop(history: ModelHistory) -> None:
+    assert history.interventions == () and history.stopped_at is None
+    from torchlog.interventions import scale
+
+    acted = torchlog.log_forward_pass(SimpleRecurrent(), torch.rand(2, 5), stop_after="add_1_2:2",
+                                      intervene={"linear_1_1:2": scale(2.0)})
+    assert [r.label for r in acted.interventions] == ["linear_1_1:2"] and acted.stopped_at == "add_1_2:2"
 
 
 def test_every_public_member_is_covered(history: ModelHistory) -> None:
