@@ -141,6 +141,22 @@ def test_changed_weight_is_the_first_divergence_and_local_error_is_the_plain_dif
     assert comparison.adding_most(10) == [first]
 
 
+def test_rows_after_the_divergence_only_carry_it() -> None:
+    torch.manual_seed(0)
+    model, x = Mlp(), torch.randn(3, 8)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.fc1.weight[0, 0] += 1e-2
+    comparison = torchlog.compare(_log(model, x), _log(changed, x, save_function_args=True))
+    assert comparison.first_divergence.module == "fc1"
+    for label in ("relu_1_2", "linear_2_3"):  # re-run on a's parents, b's op gives a's value
+        row = comparison[label]
+        assert row.status == Status.DIFFERS and row.diff.max_abs > 0
+        assert row.local == Difference(0.0, 0.0, 0.0, 1.0) and row.adds_error is False
+    plain = F.linear(x, changed.fc1.weight, changed.fc1.bias).detach()
+    assert comparison["linear_1_1"].local == pytest.approx(difference(model.fc1(x).detach(), plain))
+
+
 def test_two_independent_changes_are_two_origins() -> None:
     class TwoBranches(nn.Module):
         def __init__(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchlog.comparison.align import Pair, align
+from torchlog.comparison.difference import SAME
 from torchlog.comparison.result import Comparison
 from torchlog.comparison.held_values import HeldValues
 from torchlog.comparison.local_error import LocalErrors
@@ -106,7 +107,9 @@ def _rows(pairs: list[Pair], runs: tuple[ModelHistory, ModelHistory],
             status_of.get(label, Status.MATCH) == Status.MATCH for label in x.parent_labels)
         status, diff, value_a = judge(x, y, tolerance, random)
         held.keep(x, value_a)
-        error = local.of(x, y, value_a, held) if status in _COMPARED else None
+        if diff == SAME:
+            local.note_exact(y)
+        error = local.of(x, y, value_a, held, diff) if status in _COMPARED else None
         del value_a  # the pair's values go before the next pair's are read
         status_of[x.label] = status
         rows.append(Row(index, x.label, y.label, x.func_name, x.module, x.call_site, x.shape,

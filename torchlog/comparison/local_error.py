@@ -42,7 +42,12 @@ class LocalErrors:
         self._partner = {p.b.label: p.a for p in pairs if p.a is not None and p.b is not None}
         self._b = {p.b.label: p.b for p in pairs if p.b is not None}
         self._last_call: tuple[Any, list[torch.Tensor]] | None = None
+        self._exact: set[str] = set()  # b's passes whose values equal their partners' in a
         self.failures: dict[str, str] = {}
+
+    def note_exact(self, b: PassRecord) -> None:
+        """Note that b's pass `b` holds exactly its partner's value in run a."""
+        self._exact.add(b.label)
 
     def last_use(self, pairs: list[Pair]) -> dict[str, int]:
         """Per label of run a, the index of the last pair whose re-run reads its value."""
@@ -69,14 +74,19 @@ class LocalErrors:
             found += inner
         return found
 
-    def of(self, a: PassRecord, b: PassRecord, value_a: Any, held: HeldValues) -> Difference | None:
+    def of(self, a: PassRecord, b: PassRecord, value_a: Any, held: HeldValues,
+           diff: Difference | None) -> Difference | None:
         """The local error of the pair (a, b): b's op on a's parents against `value_a`.
 
-        None when b kept no function arguments, a value it needs was not saved, or the
-        re-run raised (then noted in `failures`) or gave another shape.
+        When every parent of b's op holds exactly its partner's value, the re-run would
+        give b's own value back, so the local error is `diff` (the pair's difference) and
+        nothing is re-run. None when b kept no function arguments, a value it needs was
+        not saved, or the re-run raised (then noted in `failures`) or gave another shape.
         """
         if not (can_rerun(b) and isinstance(value_a, torch.Tensor)) or self._sources(b, 0) is None:
             return None
+        if diff is not None and all(label in self._exact for label in b.parent_labels):
+            return diff
         try:
             value = self._output(b, held)
         except _Unavailable:
