@@ -109,10 +109,11 @@ def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistor
         if acting is not None:
             capture = replace(capture, plan=acting.plan(None))
         return _acted(request, _run(request, capture, started, prune=False, gradient_sink=gradient_sink))
-    # Labels need a pass: a first one saving nothing (acting on the sites found while it
-    # runs), on which labels, positions and selectors are resolved.
+    # Labels need a pass: a first one saving nothing and acting on nothing (each action
+    # runs once per firing, in the run returned), on which labels, positions and selectors
+    # are resolved.
     nothing = replace(request.capture, save_all=False, save_indices=frozenset())
-    probe_capture = nothing if acting is None else replace(nothing, plan=acting.plan(None))
+    probe_capture = nothing if acting is None else replace(nothing, plan=acting.probe_plan())
     probe = _run(request, probe_capture, started, prune=False, on_error="return")
     plan = None if acting is None else acting.plan(probe)
     if not listed:
@@ -197,7 +198,8 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
             history = _partial(request, captured, started, prune, store)
     if captured.failure is not None:
         error, captured = captured.failure.error, None  # see _capture: no cycle through this frame
-        if (on_error or request.options.on_error) == "return":
+        # An intervention that could not be done is never a history to return quietly.
+        if (on_error or request.options.on_error) == "return" and not isinstance(error, InterventionError):
             del error
             return history
         try:

@@ -565,3 +565,21 @@ def test_print_says_how_many_interventions_fired_and_the_pass_printout_names_the
     assert "Interventions: 1 fired" in str(history)
     text = str(history["relu_1_2"])
     assert "scale(k=0.5)" in text and "max |change|" in text
+
+
+def test_each_action_runs_once_per_firing_even_when_labels_need_a_first_pass() -> None:
+    model, x = _net()
+    seen = []
+
+    def spy(value, firing):
+        seen.append(firing.op_index)
+        return value
+
+    history = torchlog.log_forward_pass(model, x, intervene=[(select.func("relu"), spy), ("linear_2_3", scale(1.0))])
+    assert seen == [2] and [r.label for r in history.interventions] == ["relu_1_2", "linear_2_3"]
+
+
+def test_an_intervention_error_is_raised_even_with_on_error_return() -> None:
+    model, x = _net()
+    with pytest.raises(InterventionError, match="returned shape"):
+        torchlog.log_forward_pass(model, x, on_error="return", intervene={"1": lambda v, f: v[0]})

@@ -108,6 +108,11 @@ class Interventions:
         """The sites decided while the pass runs, which must fire or be reported."""
         return {s.number for s in self.sites} - {s.number for s in self._later}
 
+    def probe_plan(self) -> OpPlan | None:
+        """The plan of the pass that finds labels: no actions, only a stop decided while it
+        runs (the probe need not run past it)."""
+        return None if self._stop_exit is None else OpPlan(stop_exit=self._stop_exit)
+
     def plan(self, probe: ModelHistory | None) -> OpPlan:
         """The plan for a pass: the runtime rules, plus, with a probe, the sites and stop
         found in it (without a probe: the runtime rules only, for the probe itself).
