@@ -230,14 +230,43 @@ def test_random_draws_compare_only_under_one_seed(save_function_args: bool) -> N
     assert plain["dropout_1_5"].status == Status.DIFFERS
 
 
-def test_filled_empty_tensor_is_an_origin_when_what_fills_it_differs() -> None:
-    torch.manual_seed(0)
-    model, x = Noisy().eval(), torch.randn(8, 4)
-    changed = copy.deepcopy(model)
-    with torch.no_grad():
-        changed.fc.bias += 1
-    comparison = torchlog.compare(_log(model, x), _log(changed, x))
-    assert comparison.first_divergence.module == "fc"
+class Filled(nn.Module):
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+
+    def forward(self, x):
+        scratch = torch.empty_like(x)
+        scratch.fill_(self.value)
+        return x + scratch
+
+
+def test_op_filling_an_empty_tensor_is_the_origin_of_what_it_fills_in() -> None:
+    x = torch.randn(2, 3)
+    comparison = torchlog.compare(_log(Filled(1.0), x), _log(Filled(2.0), x))
+    assert [str(row.status) for row in comparison] == ["match", "not_comparable", "differs", "differs",
+                                                      "differs"]
+    assert comparison.first_divergence.func_name == "fill_"  # its one parent holds no values
+    assert len(comparison.origins) == 1
+
+
+class Exponential(nn.Module):
+    def forward(self, x):
+        return torch.exp(10 * x)
+
+
+def test_a_difference_grown_past_tolerance_is_no_origin_when_the_op_adds_none() -> None:
+    x = torch.randn(4, 5)
+    a = _log(Exponential(), x)
+    nudged = x * (1 + 3e-6)  # inside float32's tolerance: exp turns it into up to 10 |x| 3e-6
+    comparison = torchlog.compare(a, _log(Exponential(), nudged, save_function_args=True))
+    assert [str(row.status) for row in comparison] == ["match", "match", "differs", "differs"]
+    exp = comparison.rows[2]
+    assert exp.local == Difference(0.0, 0.0, 0.0, 1.0) and exp.adds_error is False
+    assert comparison.origins == [] and comparison.first_divergence is None
+    assert "No op adds a difference on its own; the first row that differs is exp_1_2" in str(comparison)
+    without_local = torchlog.compare(a, _log(Exponential(), nudged))  # by parents alone: exp
+    assert [row.label_a for row in without_local.origins] == ["exp_1_2"]
 
 
 # ----- alignment ---------------------------------------------------------------------------------
@@ -261,6 +290,10 @@ def test_port_with_inserted_casts_and_renamed_modules_aligns() -> None:
     plain = F.linear(x.to(torch.bfloat16), weight, model.fc1.bias.detach().to(torch.bfloat16))
     expected = difference(a["linear_1_1"].tensor_contents, plain)
     assert first.local == pytest.approx(expected, rel=1e-6)
+    # relu's input in b is a float32 cast of a bfloat16 value: a's value goes through both.
+    through = torch.relu(a["linear_1_1"].tensor_contents.to(torch.bfloat16).float())
+    assert comparison["relu_1_2"].local == pytest.approx(difference(a["relu_1_2"].tensor_contents, through))
+    assert comparison["relu_1_2"].local.max_abs > 0
     assert all(row.local is not None for row in comparison if row.is_paired and row.label_a != "input_1_0"
                and row.label_a != "output_1_4")
 
