@@ -112,8 +112,8 @@ def _rows(pairs: list[Pair], runs: tuple[ModelHistory, ModelHistory],
         error = local.of(x, y, value_a, held, diff) if status in _COMPARED else None
         del value_a  # the pair's values go before the next pair's are read
         status_of[x.label] = status
-        rows.append(Row(index, x.label, y.label, x.func_name, x.module, x.call_site, x.shape,
-                        y.shape, x.dtype, y.dtype, status, tolerance, diff, error))
+        rows.append(Row(index, x.label, y.label, x.func_name, x.module, x.call_site, y.call_site,
+                        x.shape, y.shape, x.dtype, y.dtype, status, tolerance, diff, error))
     return rows
 
 
@@ -130,7 +130,7 @@ def _unpaired(index: int, x: PassRecord | None, y: PassRecord | None) -> Row:
     record = x if x is not None else y
     assert record is not None
     return Row(index, None if x is None else x.label, None if y is None else y.label,
-               record.func_name, record.module, record.call_site,
+               record.func_name, record.module, record.call_site, None if y is None else y.call_site,
                None if x is None else x.shape, None if y is None else y.shape,
                None if x is None else x.dtype, None if y is None else y.dtype,
                Status.ONLY_A if y is None else Status.ONLY_B, Tolerance(0.0, 0.0))

@@ -52,9 +52,12 @@ def _divergence_lines(comparison: "Comparison") -> list[str]:
     more = len(comparison.origins) - 1
     lines = [f"{_INDENT}First divergence: {_row_text(first)}",
              f"{_INDENT * 2}module {first.module or '(top level)'}, function {first.func_name}"]
-    site = source_line(first.call_site)
-    if site is not None:
-        lines.append(f"{_INDENT * 2}at {site[0]}:{site[1]}: {site[2]}")
+    sites = [("", first.call_site)] if first.call_site_b == first.call_site else \
+        [("a ", first.call_site), ("b ", first.call_site_b)]
+    for run, call_site in sites:
+        site = source_line(call_site)
+        if site is not None:
+            lines.append(f"{_INDENT * 2}{run}at {site[0]}:{site[1]}: {site[2]}")
     if more:
         others = ", ".join(row.label for row in comparison.origins[1:6])
         lines.append(f"{_INDENT}{more} more origins: {others}{', ...' if more > 5 else ''}")
@@ -101,7 +104,8 @@ def _record(row: Row) -> dict[str, Any]:
                         f"{prefix}rel_l2": None if diff is None else diff.rel_l2,
                         f"{prefix}cosine": None if diff is None else diff.cosine})
     return {"label_a": row.label_a, "label_b": row.label_b, "status": str(row.status),
-            "func_name": row.func_name, "module": row.module, "shape_a": row.shape_a,
+            "func_name": row.func_name, "module": row.module, "call_site_a": row.call_site,
+            "call_site_b": row.call_site_b, "shape_a": row.shape_a,
             "shape_b": row.shape_b, "dtype_a": None if row.dtype_a is None else str(row.dtype_a),
             "dtype_b": None if row.dtype_b is None else str(row.dtype_b), **figures,
             "rtol": row.tolerance.rtol, "atol": row.tolerance.atol}

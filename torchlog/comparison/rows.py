@@ -39,6 +39,7 @@ class Row:
     func_name: str  # the function that ran ('linear'), from run a when paired
     module: str | None  # innermost module address, from run a when paired
     call_site: str | None  # 'file.py:42 in forward' of the op, from run a when paired
+    call_site_b: str | None  # the call site of b's pass (a port's own line); None for only_a
     shape_a: tuple[int, ...] | None
     shape_b: tuple[int, ...] | None
     dtype_a: torch.dtype | None
