@@ -7,8 +7,9 @@ records how many samples each finished batch added. A batch counts only once eve
 interruption a rerun continues after the last finished one. Under torch.distributed each
 rank writes a shard of its own and rank 0 joins them (see shards.py).
 
-The selection is resolved on the first batch; later batches save through module hooks
-or a lean capture (see extract_plan.py), at nearly the speed of a plain forward loop.
+The selection is resolved on the first batch's logged pass; later batches save through
+module hooks or a lean capture (see extract_plan.py), one model call per batch, at nearly
+the speed of a plain forward loop.
 """
 from __future__ import annotations
 
@@ -39,10 +40,13 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             chunks: bool | int | None = None, random_seed: int = 0) -> ActivationFile:
     """Save `layers` of `model` over every batch of `inputs` into one array per layer in `to`.
 
-    The first batch runs one logged pass to find the layers; later batches run with module
-    hooks (every entry a module address) or a lean capture, and a batch whose ops differ
-    from the first batch's is logged in full (OpSequenceChangedWarning). Each batch runs
-    under torch.no_grad() with the RNGs seeded to `random_seed` + its index. Rerunning
+    The model is called once per batch. The first batch is logged once, which finds the
+    layers and gives that batch's values; later batches run with module hooks (every
+    entry a module address) or a lean capture. A batch whose ops differ from the first
+    batch's is saved from that same call, each layer from its first-batch place (a
+    module's k-th call, or the n-th call of an op's function inside its module), with an
+    OpSequenceChangedWarning; a layer whose place did not run makes it refused. Each batch
+    runs under torch.no_grad() with the RNGs seeded to `random_seed` + its index. Rerunning
     after an interruption continues after the last finished batch. Under torch.distributed
     (e.g. torchrun), rank r of n takes the r-th of n blocks of batches, writes
     `<to stem>.shard{r}-of-{n}.h5`, and rank 0 writes `to` joining them; each rank then
@@ -64,7 +68,8 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             stderr is a terminal.
         compression: None, 'gzip' or 'lzf' (chunked storage).
         on_batch: called as `on_batch(history, batch_index)` once a batch is written, e.g. for
-            TensorBoard summaries; every batch then runs the full logged path.
+            TensorBoard summaries; every batch is then logged by log_forward_pass with
+            `layers_to_save=layers` (and keep_unsaved_layers), which runs the model twice.
         chunks: None stores each layer contiguously when the number of samples is known
             and nothing is compressed, else in chunks of whole batches; True always
             chunks; an int sets the samples per chunk; False insists on contiguous storage

@@ -1,87 +1,112 @@
-"""The two cheap ways to save a batch's selected layers: module forward hooks, and a lean pass.
+"""The two cheap ways to save a batch's selected layers in one model call: module forward hooks, and a lean pass.
 
-Each runner is built from the labels a full logged pass gave the first batch and returns,
-for a batch, the values by label plus a sequence that changes when the model runs other
-calls: the modules called (hooks) or the ops called (lean pass). The plan compares that
-sequence with the first batch's and falls back to the full path when they differ.
+Each runner is built from the first batch's logged pass and returns, for a batch, a
+BatchValues: the values by label found as on the first batch, the values found by place
+when the batch ran other calls, and a sequence that changes when the model runs other
+calls (the modules called, or the ops called). The plan compares that sequence with the
+first batch's to choose between the two.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from torchlog.capture.lean import run_lean
-from torchlog.capture.module_outputs import run_module_outputs
+from torchlog.capture.lean import Place, run_lean
+from torchlog.capture.module_outputs import ModulePass, run_module_outputs
 from torchlog.capture.nesting import find_tensors
 
-__all__ = ["HookRunner", "LeanRunner"]
+__all__ = ["BatchValues", "HookRunner", "LeanRunner"]
+
+
+@dataclass(slots=True)
+class BatchValues:
+    """What one call of the model gave the selected layers."""
+
+    by_call: dict[str, torch.Tensor]  # label -> value, at the first batch's call positions
+    by_place: dict[str, torch.Tensor]  # label -> value, at the first batch's places (see lean.py)
+    sequence: list  # what the plan compares with the first batch's
 
 
 class HookRunner:
     """Saves module outputs with forward hooks on the selected modules (no capture mode).
 
     Its sequence is the id of every module of the model called, in order, so a batch that
-    calls other modules, or the same ones in another order, is noticed; ops inside a
-    module do not change what the module returns.
+    calls other modules, or the same ones in another order, is noticed. A module's values
+    do not depend on what runs around it: the k-th call of a chosen module gives the
+    labels the first batch gave its k-th call, whatever else ran (a call it did not make
+    leaves its labels missing, and extract refuses the batch).
     """
 
     def __init__(self, model: nn.Module, outputs: Mapping[str, Sequence[Sequence[str]]],
-                 order: Sequence[str]) -> None:
+                 order: Sequence[str], named_modules: list | None = None) -> None:
         """`outputs`: module address -> per call, the labels of the tensors it returned;
         `order`: every label, in execution order."""
-        self._named = list(model.named_modules())
+        self._named = list(model.named_modules()) if named_modules is None else named_modules
         self._outputs = outputs
         self._order = order
 
-    def run(self, model: nn.Module, args: tuple, kwargs: dict) -> tuple[dict[str, torch.Tensor] | None, list]:
-        """Run forward once; return (values by label in execution order, or None when a
-        selected module was called another number of times or returned another number of
-        tensors than on the first batch; the module call sequence)."""
+    def run(self, model: nn.Module, args: tuple, kwargs: dict) -> BatchValues:
+        """Run forward once with the hooks."""
         seen = run_module_outputs(model, args, kwargs, list(self._outputs), self._named)
+        found = self.values(seen)
+        return BatchValues(found, found, seen.calls)
+
+    def values(self, seen: ModulePass) -> dict[str, torch.Tensor]:
+        """The values by label, in execution order, from what the hooks copied."""
         found: dict[str, torch.Tensor] = {}
         for address, per_call in self._outputs.items():
-            calls = seen.returned[address]
-            if len(calls) != len(per_call) or any(len(a) != len(b) for a, b in zip(calls, per_call)):
-                return None, seen.calls
-            for labels, tensors in zip(per_call, calls):
+            for labels, tensors in zip(per_call, seen.returned[address]):
                 for label, tensor in zip(labels, tensors):
                     found.setdefault(label, tensor)
-        return {label: found[label] for label in self._order}, seen.calls
+        return {label: found[label] for label in self._order if label in found}
 
 
 class LeanRunner:
-    """Saves op outputs at the call positions of the first batch, under the lean capture.
+    """Saves op outputs under the lean capture, at the first batch's call positions and
+    at its places at once (one copy when both name the same call).
 
     Inputs and outputs of the model are taken from forward's arguments and result, by
     their position among the tensors found there, as capture numbers them.
     """
 
-    def __init__(self, positions: Mapping[str, tuple[int, int]], inputs: Mapping[str, int],
-                 outputs: Mapping[str, int], order: Sequence[str]) -> None:
-        """`positions`: label -> (call number, output index); `inputs`/`outputs`: label ->
-        index among the model's distinct input tensors / returned tensors."""
+    def __init__(self, positions: Mapping[str, tuple[int, int]], places: Mapping[str, tuple[Place, int]],
+                 inputs: Mapping[str, int], outputs: Mapping[str, int], order: Sequence[str],
+                 named_modules: list) -> None:
+        """`positions`: label -> (call number, output index); `places`: label -> (place,
+        output index); `inputs`/`outputs`: label -> index among the model's distinct
+        input tensors / returned tensors."""
         self._positions = positions
+        self._places = places
         self._inputs = inputs
         self._outputs = outputs
         self._order = order
+        self._named = named_modules
         self._wanted: dict[int, tuple[int, ...]] = {}
         for call, index in positions.values():
             self._wanted[call] = self._wanted.get(call, ()) + (index,)
+        self._wanted_places: dict[Place, tuple[int, ...]] = {}
+        for place, index in places.values():
+            self._wanted_places[place] = self._wanted_places.get(place, ()) + (index,)
 
-    def run(self, model: nn.Module, args: tuple, kwargs: dict) -> tuple[dict[str, torch.Tensor] | None, list]:
-        """Run forward once; return (values by label, or None when a position was not
-        reached; the calls of the pass, see LeanPass.calls)."""
+    def run(self, model: nn.Module, args: tuple, kwargs: dict) -> BatchValues:
+        """Run forward once under the lean capture; its sequence is LeanPass.calls."""
         given = list({id(t): t for t, _ in find_tensors((args, kwargs))}.values())
-        found = {label: given[i].detach().clone() for label, i in self._inputs.items() if i < len(given)}
-        seen = run_lean(model, args, kwargs, self._wanted)
+        ends = {label: given[i].detach().clone() for label, i in self._inputs.items() if i < len(given)}
+        seen = run_lean(model, args, kwargs, self._wanted, self._wanted_places, self._named)
         returned = [t for t, _ in find_tensors(seen.output)]
-        found.update({label: returned[i].detach() for label, i in self._outputs.items()
-                      if i < len(returned)})
+        ends.update({label: returned[i].detach() for label, i in self._outputs.items() if i < len(returned)})
+        by_call, by_place = dict(ends), ends
         for label, position in self._positions.items():
             if position in seen.saved:
-                found[label] = seen.saved[position]
-        if len(found) != len(self._order):
-            return None, seen.calls
-        return {label: found[label] for label in self._order}, seen.calls
+                by_call[label] = seen.saved[position]
+        for label, place in self._places.items():
+            if place in seen.at_places:
+                by_place[label] = seen.at_places[place]
+        return BatchValues(_ordered(by_call, self._order), _ordered(by_place, self._order), seen.calls)
+
+
+def _ordered(found: dict[str, torch.Tensor], order: Sequence[str]) -> dict[str, torch.Tensor]:
+    return {label: found[label] for label in order if label in found}

@@ -1,5 +1,6 @@
-"""Tests of storage/extract_plan.py and extract_runners.py: the selection resolved once, then
-module hooks or a lean pass per batch, and the full path for a batch whose ops changed."""
+"""Tests of storage/extract_plan.py and extract_runners.py: the selection resolved on the first
+batch's logged pass, then module hooks or a lean pass per batch, and a batch whose ops changed
+saved from its own call at the first batch's places."""
 from __future__ import annotations
 
 import warnings
@@ -19,7 +20,7 @@ from tests.models import (
     ReusedModule,
     WithBuffers,
 )
-from torchlog.errors import LogFileError, NondeterministicModelError, OpSequenceChangedWarning
+from torchlog.errors import LogFileError, OpSequenceChangedWarning
 from torchlog.selection import resolve
 from torchlog.storage.extract_plan import ExtractPlan
 
@@ -95,35 +96,46 @@ def _data(marked: int) -> list[torch.Tensor]:
     return batches
 
 
-def test_a_batch_calling_another_module_is_saved_through_the_full_path() -> None:
+def test_a_batch_calling_another_module_is_saved_from_its_own_call() -> None:
     model, batches = Branchy(extra_module=True), _data(marked=2)
     plan = ExtractPlan(model, ["fc1", "fc2"])
     with pytest.warns(OpSequenceChangedWarning, match=r"batch 2 ran other modules than the first "
                       r"batch \(module call 2 is 'extra' where the first batch had 'fc1'"):
         saved = [plan.save(batch, i, i)[0] for i, batch in enumerate(batches)]
     # x[0, 0] > 50 runs two ops first: fc1 gives linear_1_3 in batch 0, linear_1_4 in batch 2.
-    assert plan.num_fallbacks == 1 and list(saved[2]) == ["linear_1_3", "linear_2_5"]
+    assert plan.num_changed == 1 and list(saved[2]) == ["linear_1_3", "linear_2_5"]
     with torch.no_grad():
         expected = model.fc1(model.extra(batches[2]))
     assert torch.equal(saved[2]["linear_1_3"], expected)  # fc1's output, under batch 0's label
 
 
-def test_a_batch_running_other_ops_is_saved_exactly_or_refused(tmp_path: Path) -> None:
+def test_a_batch_running_other_ops_is_saved_from_its_own_call_at_the_same_places(tmp_path: Path) -> None:
     model, batches = Branchy(extra_module=False), _data(marked=1)
     with pytest.warns(OpSequenceChangedWarning, match=r"batch 1 ran other ops than the first batch "
-                      r"\(call 3 is 'sin' where the first batch had 'linear'"):
-        with pytest.raises(LogFileError, match=r"batch 1 saved layers \['linear_2_6'\] but earlier "
-                           r"batches saved \['linear_2_5'\]"):
-            torchlog.extract(model, batches, ["linear_2"], tmp_path / "a.h5")
+                      r"\(call 3 is 'sin' where the first batch had 'linear'.*each chosen op was saved "
+                      r"from this same call at its place on the first batch"):
+        acts = torchlog.extract(model, batches, ["linear_2", "relu"], tmp_path / "a.h5")
+    assert list(acts) == ["relu_1_4", "linear_2_5"]  # the first batch's labels
+    with torch.no_grad():  # the oracle: the plain computation, the branch included
+        hidden = [torch.relu(model.fc1(b.sin() if b[0, 0] > 50 else b)) for b in batches]
+        expected = torch.cat([model.fc2(h) for h in hidden])
+    np.testing.assert_allclose(acts["linear_2_5"], expected.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(acts["relu_1_4"], torch.cat(hidden).numpy(), rtol=1e-6, atol=1e-7)
     with warnings.catch_warnings():  # a module's output does not depend on ops around it
         warnings.simplefilter("error")
         acts = torchlog.extract(model, batches, ["fc2"], tmp_path / "b.h5")
-    with torch.no_grad():
-        expected = torch.cat([model(b) for b in batches])
     np.testing.assert_array_equal(acts["linear_2_5"], expected.numpy())
 
 
-def test_a_model_whose_ops_change_between_two_runs_of_one_batch_is_reported() -> None:
+def test_a_chosen_op_that_a_batch_does_not_run_is_refused(tmp_path: Path) -> None:
+    model, batches = Branchy(extra_module=False), _data(marked=0)  # only batch 0 runs sin
+    with pytest.warns(OpSequenceChangedWarning, match="batch 1 ran other ops.*; not run in this batch: sin_1_3"):
+        with pytest.raises(LogFileError, match=r"batch 1 saved layers \['linear_2_6'\] but earlier "
+                           r"batches saved \['linear_2_6', 'sin_1_3'\]"):
+            torchlog.extract(model, batches, ["sin", "linear_2"], tmp_path / "a.h5")
+
+
+def test_a_model_whose_ops_change_on_every_call_is_logged_once_and_reported() -> None:
     class Flip(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -133,11 +145,14 @@ def test_a_model_whose_ops_change_between_two_runs_of_one_batch_is_reported() ->
             self.calls += 1
             return x.sin() if self.calls % 2 else x.cos()
 
-    plan = ExtractPlan(Flip(), ["sin"])
-    with pytest.warns(OpSequenceChangedWarning, match="did not see the ops the logged pass saw"):
-        with pytest.raises(NondeterministicModelError):
-            plan.save(torch.ones(2), 0, 0)
-    assert plan.kind == "full"
+    model = Flip()
+    plan = ExtractPlan(model, ["sin"])
+    values, _ = plan.save(torch.ones(2), 0, 0)
+    assert model.calls == 1 and plan.kind == "lean"
+    torch.testing.assert_close(values["sin_1_1"], torch.ones(2).sin())
+    with pytest.warns(OpSequenceChangedWarning, match="call 1 is 'cos' where the first batch had 'sin'"):
+        values, _ = plan.save(torch.ones(2), 1, 1)
+    assert model.calls == 2 and values == {} and plan.num_changed == 1
 
 
 def test_random_ops_follow_the_seed_of_each_batch() -> None:

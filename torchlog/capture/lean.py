@@ -1,12 +1,20 @@
-"""A lean capture: counts the calls a full capture would record and copies only chosen outputs."""
+"""A lean capture: counts the calls a full capture would record and copies only chosen outputs.
+
+Outputs are chosen two ways at once: by call number (the n-th call of the pass, as the
+recorder numbers them) and by place (the n-th call of a function inside a module, counted
+over the pass). Extract uses the first when a batch runs the ops its first batch ran, and
+the second when it does not: then call numbers have moved, but the op the user chose is
+still the n-th `linear` inside `fc2`, and its value comes from this same call.
+"""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
 from torchlog.capture.nesting import find_tensors
@@ -14,9 +22,14 @@ from torchlog.capture.nesting import find_tensors
 # The recorder's own rules for which calls are ops: the lean count must match its call_id.
 from torchlog.capture.ops import DESCRIPTIONS, collapse, describe, output_tensors
 
-__all__ = ["LeanPass", "run_lean", "call_names"]
+__all__ = ["LeanPass", "Place", "run_lean", "call_names"]
 
 _Tensor = torch.Tensor
+
+
+# Where a call ran, as a program point: (op name, innermost module address or '' for the
+# model's own forward, 1-based count of such calls so far in the pass).
+Place = tuple[str, str, int]
 
 
 @dataclass(slots=True)
@@ -26,6 +39,7 @@ class LeanPass:
     calls: list[Any]  # the function of every counted call; a multi-output call adds its count after it
     saved: dict[tuple[int, int], torch.Tensor]  # (1-based call number, output index) -> copy
     output: Any  # what forward returned
+    at_places: dict[tuple[Place, int], torch.Tensor] = field(default_factory=dict)  # (place, output index) -> copy
 
 
 class _LeanMode(TorchFunctionMode):
@@ -36,13 +50,19 @@ class _LeanMode(TorchFunctionMode):
     of one op (or none) counts as one call of the functional, which then runs unexpanded.
     """
 
-    def __init__(self, wanted: Mapping[int, tuple[int, ...]]) -> None:
+    def __init__(self, wanted: Mapping[int, tuple[int, ...]],
+                 places: Mapping[Place, tuple[int, ...]]) -> None:
         super().__init__()
         self.wanted = wanted
+        self.places = places
+        self.place_names = frozenset(name for name, _, _ in places)
         self.calls: list[Any] = []
         self.saved: dict[tuple[int, int], torch.Tensor] = {}
+        self.at_places: dict[tuple[Place, int], torch.Tensor] = {}
         self.expanding: set[Any] = set()  # functionals whose body runs now
         self.count = 0  # calls counted so far
+        self.modules: list[str] = [""]  # addresses of the modules running now, innermost last
+        self.num_at: dict[tuple[str, str], int] = {}  # (name, module) -> calls so far
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         entry = DESCRIPTIONS.get(func)
@@ -70,6 +90,23 @@ class _LeanMode(TorchFunctionMode):
             for index in wanted:
                 if index < len(outs):  # a call with fewer outputs now: the caller's check sees it
                     self.saved[(self.count, index)] = outs[index].detach().clone()
+        if self.place_names:
+            self._count_place(func, outs, wanted)
+
+    def _count_place(self, func: Any, outs: list, wanted: tuple[int, ...] | None) -> None:
+        """Number this call among the calls of its function in its module; copy it when its
+        place is chosen (sharing the copy its call number made)."""
+        name = DESCRIPTIONS[func].name if func in DESCRIPTIONS else describe(func).name
+        if name not in self.place_names:
+            return
+        scope = (name, self.modules[-1])
+        number = self.num_at[scope] = self.num_at.get(scope, 0) + 1
+        chosen = self.places.get((*scope, number))
+        for index in chosen or ():
+            if index < len(outs):
+                copy = self.saved.get((self.count, index)) if wanted and index in wanted else None
+                self.at_places[((*scope, number), index)] = (
+                    outs[index].detach().clone() if copy is None else copy)
 
     def _expand(self, func: Any, body: Any, args: tuple, kwargs: dict) -> Any:
         first_call, first_entry = self.count, len(self.calls)
@@ -89,18 +126,26 @@ class _LeanMode(TorchFunctionMode):
         return out
 
 
-def run_lean(model: nn.Module, args: tuple, kwargs: dict,
-             wanted: Mapping[int, tuple[int, ...]]) -> LeanPass:
-    """Run `model(*args, **kwargs)` counting ops and copying the outputs `wanted` names.
+def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, tuple[int, ...]],
+             places: Mapping[Place, tuple[int, ...]] | None = None,
+             named_modules: list | None = None) -> LeanPass:
+    """Run `model(*args, **kwargs)` counting ops and copying the outputs `wanted` and
+    `places` name.
 
     Calls are numbered from 1 as the Recorder numbers them (`RawNode.call_id`): a torch
     function, method or operator counts when it is an op and returns a tensor, so the
-    n-th call here is the n-th call of a full capture of the same pass.
+    n-th call here is the n-th call of a full capture of the same pass. A call's place is
+    its op name, the module running it (innermost, by its first address in
+    `named_modules`, as capture's `containing_modules` names it) and how many calls of
+    that name ran in that module before, plus one; module calls are followed with global
+    module hooks only when `places` is given.
 
     Args:
         model: the module to run.
         args, kwargs: forward's arguments.
         wanted: call number -> the output indexes of that call to copy.
+        places: place -> the output indexes of the call there to copy.
+        named_modules: `list(model.named_modules())` when the caller has it.
 
     Returns:
         The LeanPass; the mode is removed when forward returns or raises.
@@ -115,9 +160,35 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict,
         >>> call_names(seen.calls), seen.saved[(2, 0)].shape
         (['linear', 'relu'], torch.Size([1, 3]))
     """
-    with _LeanMode(wanted) as mode:
-        output = model(*args, **kwargs)
-    return LeanPass(mode.calls, mode.saved, output)
+    mode = _LeanMode(wanted, places or {})
+    handles = _follow_modules(model, mode, named_modules) if places else ()
+    try:
+        with mode:
+            output = model(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return LeanPass(mode.calls, mode.saved, output, mode.at_places)
+
+
+def _follow_modules(model: nn.Module, mode: _LeanMode, named_modules: list | None) -> tuple:
+    """Global module hooks keeping `mode.modules` the stack of this model's modules running."""
+    addresses: dict[int, str] = {}
+    for address, module in model.named_modules() if named_modules is None else named_modules:
+        addresses.setdefault(id(module), address)
+    stack = mode.modules
+
+    def enter(module: nn.Module, _: Any) -> None:
+        address = addresses.get(id(module))
+        if address is not None:
+            stack.append(address)
+
+    def leave(module: nn.Module, _: Any, __: Any) -> None:
+        if id(module) in addresses and len(stack) > 1:
+            stack.pop()
+
+    return (register_module_forward_pre_hook(enter),
+            register_module_forward_hook(leave, always_call=True))
 
 
 def call_names(calls: list[Any]) -> list[Any]:
