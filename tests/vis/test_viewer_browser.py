@@ -16,7 +16,7 @@ from torch import nn
 import torchlog
 from tests.models import LongLoop, Nested, SimpleRecurrent
 from tests.vis.browser import open_page, run_and_wait, start_browser, wait_for
-from torchlog.vis.viewer.page import count_nodes
+from torchlog.vis.viewer.page import count_nodes, page_node_count
 
 pytestmark = pytest.mark.browser
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "viewer-screenshots"
@@ -290,7 +290,7 @@ def test_transformers_gpt2_from_blocks_down_to_attention(driver, gpt2_history, t
     _open(driver, history, tmp_path)
     state = driver.execute_script("return [window.torchlogViewer.state.mode, window.torchlogViewer.state.depth]")
     assert state[0] == "unrolled"
-    assert _num_nodes(driver) == count_nodes(history, "unrolled", state[1])
+    assert _num_nodes(driver) == page_node_count(history, "unrolled", state[1])
     assert any(m.startswith("h.0") for m in _modules(driver))
     _screenshot(driver, "gpt2_default_depth")
     softmax = next(r.label for r in history if r.func_name == "softmax")
@@ -299,7 +299,7 @@ def test_transformers_gpt2_from_blocks_down_to_attention(driver, gpt2_history, t
     assert _modules(driver)["h.0.attn:1"] == "true"
     _screenshot(driver, "gpt2_attention_softmax")
     run_and_wait(driver, "await window.torchlogViewer.setDepth(100);")
-    assert _num_nodes(driver) == count_nodes(history, "unrolled", None)
+    assert _num_nodes(driver) == page_node_count(history, "unrolled", None)
 
 
 def test_a_graph_too_large_to_lay_out_asks_first_and_the_rolled_view_draws_it(driver, tmp_path):
@@ -357,3 +357,90 @@ def test_leaving_the_search_box_keeps_the_match_enter_found(driver, tmp_path):
     driver.execute_script("return new Promise(r => setTimeout(r, 200))")
     assert driver.find_element("id", "torchlog-status").text == status
     assert _panel_title(driver) == relus[0]
+
+
+def _drawn_outside(driver) -> list[str]:
+    """Keys of drawn nodes not wholly inside the graph area."""
+    return driver.execute_script(
+        "const g = document.getElementById('torchlog-graph').getBoundingClientRect();"
+        "return [...document.querySelectorAll('#torchlog-graph g.node')].filter(n => {"
+        "  const r = n.getBoundingClientRect();"
+        "  return r.left < g.left - 1 || r.right > g.right + 1 || r.top < g.top - 1 || r.bottom > g.bottom + 1;"
+        "}).map(n => n.dataset.key);")
+
+
+def _smallest_visible_text_px(driver) -> float:
+    """The height on screen of the smallest text of the graph that is displayed."""
+    return driver.execute_script(
+        "const sizes = [...document.querySelectorAll('#torchlog-graph svg text')]"
+        "  .filter(t => getComputedStyle(t).display !== 'none')"
+        "  .map(t => t.getBoundingClientRect().height).filter(h => h > 0);"
+        "return sizes.length ? Math.min(...sizes) : 1000;")
+
+
+@pytest.mark.heavy
+def test_a_transformer_opens_whole_and_readable_with_an_overview(driver, gpt2_history, tmp_path):
+    history = gpt2_history
+    _open(driver, history, tmp_path)  # the default: the deepest view that fits readably
+    assert _drawn_outside(driver) == []  # the whole model on screen
+    assert {"h.0:1", "h.1:1"} <= set(_modules(driver))
+    hidden_titles = driver.execute_script(
+        "return [...document.querySelectorAll('#torchlog-graph g.node text:first-of-type')]"
+        ".filter(t => getComputedStyle(t).display === 'none').length")
+    assert hidden_titles == 0 and _smallest_visible_text_px(driver) >= 6
+    _screenshot(driver, "gpt2_first_view")
+    _open(driver, history, tmp_path, name="deeper", depth=2)  # more than fits readably
+    assert _num_nodes(driver) > 20 and _drawn_outside(driver) == []
+    assert _smallest_visible_text_px(driver) >= 6  # what would be smaller is hidden
+    # The inset map shows the whole graph, and its "you are here" box covers all of it.
+    inset = driver.execute_script(
+        "const c = document.querySelector('#torchlog-overview canvas').getBoundingClientRect();"
+        "const v = document.getElementById('torchlog-overview-view').getBoundingClientRect();"
+        "return [document.getElementById('torchlog-overview').hidden, c.width, c.height, v.width, v.height];")
+    assert inset[0] is False and max(inset[1:3]) == pytest.approx(180, abs=1)
+    assert inset[3] == pytest.approx(inset[1], abs=3) and inset[4] == pytest.approx(inset[2], abs=3)
+    # Zoomed in, the box shrinks; text grows back; clicking the inset moves the view.
+    driver.execute_script("window.torchlogViewer.zoomBy(6)")
+    small = driver.execute_script(  # the graph is tall: its height shows a 6x zoom
+        "const v = document.getElementById('torchlog-overview-view').getBoundingClientRect(); return v.height")
+    assert small == pytest.approx(inset[4] / 6, rel=0.1) and _smallest_visible_text_px(driver) >= 6
+    before = driver.execute_script("return window.torchlogViewer.state.view.slice()")
+    canvas = driver.find_element("css selector", "#torchlog-overview canvas")
+    from selenium.webdriver import ActionChains
+    ActionChains(driver).move_to_element_with_offset(canvas, 0, canvas.size["height"] // 2 - 5).click().perform()
+    after = driver.execute_script("return window.torchlogViewer.state.view")
+    assert after[1] > before[1] and after[2] == pytest.approx(before[2])
+    # The breadcrumb names the modules around what is hovered or selected.
+    softmax = next(r for r in history if r.func_name == "softmax")
+    run_and_wait(driver, f"await window.torchlogViewer.goTo({softmax.label!r});")
+    crumb = driver.find_element("id", "torchlog-breadcrumb").text
+    assert crumb.endswith("h.0 \u203a h.0.attn \u203a " + softmax.label)
+    _screenshot(driver, "gpt2_first_view_zoomed")
+
+
+@pytest.mark.heavy
+def test_mask_and_position_plumbing_folds_until_asked(driver, gpt2_history, tmp_path):
+    history = gpt2_history
+    loose = [r for r in history if not r.containing_modules and r.kind not in ("input", "output")]
+    mask_ops = [r.label for r in loose if "masking_utils" in (r.call_site or "")]
+    position_ops = [r.label for r in loose if r.func_name in ("arange", "unsqueeze") and r not in mask_ops]
+    assert len(mask_ops) >= 10 and position_ops
+    _open(driver, history, tmp_path, depth=1)
+    drawn = set(_labels(driver))
+    assert not drawn & set(mask_ops) and not drawn & set(position_ops)
+    folds = driver.execute_script(
+        "return [...document.querySelectorAll('#torchlog-graph g.node[data-plumbing]')]"
+        ".map(g => [g.dataset.plumbing, g.dataset.module, g.querySelector('text').textContent])")
+    kinds = {kind: (module, title) for kind, module, title in folds}
+    assert kinds["helper"][0] == "masking_utils" and "sdpa_mask" in kinds["helper"][1]
+    assert kinds["fold"][1].endswith("3 index ops (arange, add, unsqueeze)")
+    blocks = [m for m in _modules(driver) if m.startswith("h.")]
+    assert _num_nodes(driver) <= len(blocks) + 12  # the blocks, not the plumbing, fill the view
+    folded = sum(len(m) - 1 for m in (mask_ops, position_ops[:1] * 3))
+    assert _num_nodes(driver) == count_nodes(history, "unrolled", 1) - folded
+    _screenshot(driver, "gpt2_plumbing_folded")
+    _click(driver, "#torchlog-plumbing")
+    assert set(mask_ops) | set(position_ops) <= set(_labels(driver))
+    assert _num_nodes(driver) == count_nodes(history, "unrolled", 1)
+    _click(driver, '#torchlog-graph g.cluster[data-plumbing="helper"] > text')  # fold one again
+    assert not set(mask_ops) & set(_labels(driver))

@@ -28,6 +28,7 @@ from torchlog.vis.text import (
     MAX_SHAPES_SHOWN, arg_text, caption_lines, failure_lines, layer_lines, pass_lines, passes_text,
     shape_text,
 )
+from torchlog.vis.viewer.plumbing import PlumbingScope, plumbing_scopes
 from torchlog.vis.viewer.stats import tensor_stats_all
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
     """
     layers = {layer.label: layer for layer in history.layers}
     stats = _all_stats(history) if with_stats else {}
-    passes = [_pass_entry(r, stats.get(r.label)) for r in history]
+    scopes, plumbing = scope_table(history)
+    passes = [_pass_entry(r, stats.get(r.label), scopes[r.label]) for r in history]
     return {
         "version": FORMAT_VERSION,
         "model": history.model_name,
@@ -60,8 +62,8 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
         "view": {"mode": mode, "depth": depth},
         "passes": passes,
         "layers": [_layer_entry(layer, layers) for layer in history.layers],
-        "calls": (calls := _module_calls(history)),
-        "modules": _modules(history, calls),
+        "calls": (calls := _module_calls(history, scopes, plumbing)),
+        "modules": _modules(history, calls, plumbing),
         "failure": _failure(history),
         "dot": _dot_styles(),
     }
@@ -88,7 +90,19 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _pass_entry(record: PassRecord, stats: dict[str, Any] | None) -> dict[str, Any]:
+def scope_table(history: "ModelHistory") -> tuple[dict[str, tuple[str, ...]], dict[str, PlumbingScope]]:
+    """Each pass's scopes, innermost first (module calls, functional calls, then the helper
+    run or fold of an op outside them all), and the plumbing scopes by key."""
+    scopes = {r.label: _scopes(r) for r in history}
+    plumbing = {s.key: s for s in plumbing_scopes(history, {l for l, c in scopes.items() if c})}
+    for scope in plumbing.values():
+        for label in scope.members:
+            scopes[label] = (scope.key,)
+    return scopes, plumbing
+
+
+def _pass_entry(record: PassRecord, stats: dict[str, Any] | None,
+                scopes: tuple[str, ...]) -> dict[str, Any]:
     """What the page knows of one pass; fields that are empty or false are left out, which
     keeps a 20,000-op page a third smaller."""
     entry: dict[str, Any] = {
@@ -103,7 +117,7 @@ def _pass_entry(record: PassRecord, stats: dict[str, Any] | None) -> dict[str, A
         "shape": list(record.shape),
         "dtype": str(record.dtype).removeprefix("torch."),
         "bytes": record.num_bytes,
-        "modules": list(_scopes(record)),
+        "modules": list(scopes),
         "site": _site(record.call_site),
         "timeUs": round(record.elapsed_s * 1e6, 1),
         "parents": [[e.label, arg_text(e.arg)] for e in record.parents],
@@ -162,14 +176,15 @@ def _layer_entry(layer: LayerRecord, layers: dict[str, LayerRecord]) -> dict[str
             "passes": [r.label for r in layer.passes], "parents": parents}
 
 
-def _module_calls(history: "ModelHistory") -> dict[str, dict[str, Any]]:
+def _module_calls(history: "ModelHistory", scopes: dict[str, tuple[str, ...]],
+                  plumbing: dict[str, PlumbingScope]) -> dict[str, dict[str, Any]]:
     """One entry per module call ('block.attn:2'): what it is, holds, reads and returns."""
     modules = history.modules
     by_label = {r.label: r for r in history}
     members: dict[str, set[str]] = {}
     calls: dict[str, dict[str, Any]] = {}
     for record in history:
-        chain = tuple(reversed(_scopes(record)))
+        chain = tuple(reversed(scopes[record.label]))
         for depth, call in enumerate(chain, start=1):
             members.setdefault(call, set()).add(record.label)
             if call not in calls:
@@ -179,10 +194,12 @@ def _module_calls(history: "ModelHistory") -> dict[str, dict[str, Any]]:
     for call, entry in calls.items():
         module = modules.get(entry["address"])
         inside = members[call]
+        entry["kind"] = "module" if module else plumbing[call].kind if call in plumbing else "functional"
         entry["inputs"] = _outside_parents(inside, by_label)
         returned = _returned(module, entry["call"]) if module else _leaving(inside, by_label)
         entry["outputs"] = _shapes_of(returned, by_label)
-        title = module_title(call, modules, False) if module else f"{call} (functional)"
+        title = module_title(call, modules, False) if module else \
+            plumbing[call].title if call in plumbing else f"{call} (functional)"
         entry["lines"] = _box_lines(title, module, entry["inputs"], entry["outputs"])
     return calls
 
@@ -222,7 +239,8 @@ def _shapes_of(labels: tuple[str, ...], by_label: dict[str, PassRecord]) -> list
     return [list(by_label[l].shape) for l in labels if l in by_label]
 
 
-def _modules(history: "ModelHistory", calls: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _modules(history: "ModelHistory", calls: dict[str, dict[str, Any]],
+             plumbing: dict[str, PlumbingScope]) -> dict[str, dict[str, Any]]:
     """One entry per module address, its calls taken together: the rolled view's module
     nodes and boxes, and the panel of a collapsed module."""
     modules = history.modules
@@ -238,9 +256,13 @@ def _modules(history: "ModelHistory", calls: dict[str, dict[str, Any]]) -> dict[
             facts = {"type": module.type_name, "params": module.num_params,
                      "calls": module.num_passes, "children": list(module.children)}
             title = module_title(address, modules, True)
-        else:  # a Python functional's calls
-            facts = {"type": "functional", "params": 0, "calls": len(own), "children": []}
-            title = f"{address} (functional)" + (f" x{len(own)}" if len(own) > 1 else "")
+        else:  # a Python functional's calls, or plumbing
+            kind = own[0]["kind"]
+            facts = {"type": kind, "params": 0, "calls": len(own), "children": []}
+            first = plumbing.get(f"{address}:1")
+            title = first.title if first else f"{address} (functional)"
+            title += f" x{len(own)}" if len(own) > 1 else ""
+        facts["kind"] = "module" if module is not None else facts["type"]
         entries[address] = {**facts, "inputs": _distinct(inputs), "outputs": _distinct(outputs),
                             "lines": _box_lines(title, module, inputs, outputs)}
     return entries

@@ -18,13 +18,13 @@ from torchlog.errors import (
 )
 from torchlog.vis.options import RenderOptions, check_depth
 from torchlog.vis.placement import place
-from torchlog.vis.viewer.data import page_data
+from torchlog.vis.viewer.data import page_data, scope_table
 
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
 __all__ = ["MODES", "READABLE_NODES", "ViewerPage", "count_nodes", "default_view", "page_html",
-           "show", "to_html", "viewer_script"]
+           "page_node_count", "show", "to_html", "viewer_script"]
 
 MODES = ("unrolled", "rolled")
 # The default depth is the deepest one that draws at most this many nodes: about what fits
@@ -36,7 +36,7 @@ MAX_UNROLLED_NODES = 1500
 NOTEBOOK_HEIGHT_PX = 640
 # The page's script, in order. The parts share one function scope (state, helpers), so
 # the page stays a classic inline script: notebooks may refuse modules and blob URLs.
-SCRIPT_PARTS = ("graph.js", "draw.js", "navigate.js", "panel.js", "controls.js")
+SCRIPT_PARTS = ("graph.js", "draw.js", "overview.js", "navigate.js", "panel.js", "controls.js")
 
 
 class ViewerPage(str):
@@ -76,22 +76,46 @@ def count_nodes(history: "ModelHistory", mode: str, depth: int | None) -> int:
     return len(place(history, RenderOptions(mode=mode, nesting_depth=depth)).members)
 
 
+def page_node_count(history: "ModelHistory", mode: str, depth: int | None,
+                    table: tuple[dict[str, tuple[str, ...]], dict[str, Any]] | None = None) -> int:
+    """Nodes the page draws at `depth`: as `count_nodes`, with plumbing folded (buffers hidden)."""
+    scopes, plumbing = table or scope_table(history)
+    folded = {key.rsplit(":", 1)[0] if mode == "rolled" else key for key in plumbing}
+    units: set[str] = set()
+    layer_unit: dict[str, str] = {}
+    for record in history:
+        if record.is_buffer:
+            continue
+        if mode == "rolled" and record.layer_label in layer_unit:
+            continue
+        chain = [k.rsplit(":", 1)[0] if mode == "rolled" else k for k in reversed(scopes[record.label])]
+        unit = record.layer_label if mode == "rolled" else record.label
+        for i, key in enumerate(chain):
+            if key in folded or (depth is not None and i + 1 >= depth):
+                unit = "module " + key
+                break
+        layer_unit[record.layer_label] = unit
+        units.add(unit)
+    return len(units)
+
+
 def default_view(history: "ModelHistory", mode: str | None, depth: int | None) -> tuple[str, int | None]:
     """The view a page opens with: `mode` and `depth` when given, else readable choices.
 
     The depth is the deepest that draws at most READABLE_NODES nodes (1 when even that is
-    more); None means every module expanded.
+    more), plumbing folded; None means every module expanded.
     """
     max_depth = max((len(r.containing_modules) for r in history), default=0)
+    table = scope_table(history)
     if mode is None:
         mode = "unrolled"
-        if count_nodes(history, "unrolled", 1) > MAX_UNROLLED_NODES and \
-                count_nodes(history, "rolled", 1) < count_nodes(history, "unrolled", 1):
+        unrolled = page_node_count(history, "unrolled", 1, table)
+        if unrolled > MAX_UNROLLED_NODES and page_node_count(history, "rolled", 1, table) < unrolled:
             mode = "rolled"
     if depth is not None:
         return mode, depth
     for candidate in range(max_depth + 1, 0, -1):
-        if count_nodes(history, mode, candidate) <= READABLE_NODES:
+        if page_node_count(history, mode, candidate, table) <= READABLE_NODES:
             return mode, None if candidate > max_depth else candidate
     return mode, 1
 
@@ -132,8 +156,11 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
     _check_mode(mode)
     check_depth(depth, "depth", "a readable default")
     with _collector_paused():
+        pick_depth = depth is None
         mode, depth = default_view(history, mode, depth)
         data = page_data(history, mode, depth, with_stats)
+        if pick_depth:
+            data["view"]["pickDepth"] = True  # the page may open shallower, to stay readable
         if focus is not None:
             found = history[focus]  # raises LayerNotFoundError listing the closest labels
             data["view"]["focus"] = found.label

@@ -60,6 +60,17 @@ async function setDepth(depth) {
   fit();
 }
 
+// Open (or fold again) every helper run and fold of ops outside the modules.
+async function setPlumbing(show) {
+  state.showPlumbing = Boolean(show);
+  for (const key of moduleDepth[state.mode].keys()) {
+    if (!isPlumbing(key)) continue;
+    if (state.showPlumbing) state.expanded.add(key); else state.expanded.delete(key);
+  }
+  await render(state.showPlumbing ? "show plumbing" : "fold plumbing");
+  fit();
+}
+
 async function setMode(mode) {
   state.mode = mode;
   state.selected = null;
@@ -76,7 +87,8 @@ function installControls() {
   el("torchlog-collapse-all").onclick = () => setDepth(1);
   ui.direction.onchange = async () => { state.direction = ui.direction.value; await render("direction"); fit(); };
   ui.buffers.onchange = async () => { state.showBuffers = ui.buffers.checked; await render("buffers"); fit(); };
-  el("torchlog-fit").onclick = () => fit(true);
+  ui.plumbing.onchange = () => setPlumbing(ui.plumbing.checked);
+  el("torchlog-fit").onclick = () => fit();
   el("torchlog-export-svg").onclick = exportSvg;
   el("torchlog-export-png").onclick = exportPng;
   ui.search.addEventListener("keydown", (ev) => { if (ev.key === "Enter") { ev.preventDefault(); runSearch(); } });
@@ -89,7 +101,10 @@ function installControls() {
   ui.panel.addEventListener("click", onPanelClick);
   window.addEventListener("resize", () => state.view && fit());
   installPanZoom();
+  installOverview();
 }
+
+const OPEN_SCALE = 0.5;
 
 async function start() {
   // Milliseconds since navigation started, per phase (the benchmark reports them).
@@ -98,12 +113,19 @@ async function start() {
   installControls();
   expandToDepth();
   syncControls();
+  showPath(null);
   if (!DATA.passes.length) { setStatus("this history has no ops", true); return; }
   setStatus("loading Graphviz…");
   graphviz = await loading;
   phases.graphviz = performance.now();
   await render("open");
-  fit();
+  // Without a depth asked for, collapse a level at a time until the whole graph fits the
+  // window at a scale where the nodes' titles stay readable.
+  while (fit() < OPEN_SCALE && DATA.view.pickDepth && state.depth > 1 && !DATA.view.focus) {
+    state.depth -= 1;
+    expandToDepth();
+    await render("open at depth " + state.depth);
+  }
   if (DATA.view.focus) await goTo(DATA.view.focus);
   else if (DATA.failure) select(FAILED_KEY);
   window.torchlogViewer.openedMs = phases.drawn = performance.now();
@@ -111,7 +133,7 @@ async function start() {
   setTimeout(fillSearchList, 0);  // suggestions can wait until the graph is on screen
 }
 
-Object.assign(window.torchlogViewer, { runSearch, svgText: currentSvgText, pngDataUrl });
+Object.assign(window.torchlogViewer, { runSearch, svgText: currentSvgText, pngDataUrl, fit, zoomBy, setPlumbing });
 window.torchlogViewer.ready = start().catch((err) => {
   setStatus("could not draw the graph: " + err.message, true);
   document.body.dataset.ready = "error";

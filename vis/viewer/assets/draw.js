@@ -12,8 +12,10 @@ function attrs(obj) {
   return parts.length ? " [" + parts.join(", ") + "]" : "";
 }
 
+const PLUMBING_STYLE = { fillcolor: "#EEEEEE", color: "#777777" };
+
 function boxTitle(moduleKey) {
-  const entry = state.mode === "rolled" ? DATA.modules[moduleKey] : DATA.calls[moduleKey];
+  const entry = scopeEntry(moduleKey);
   return "\u229F " + (entry ? entry.lines[0] : moduleKey);  // a boxed minus: click to collapse
 }
 
@@ -46,6 +48,7 @@ function buildDot(placed, edgeList) {
       nodeId.set(unit.key, id);
       ids.set(id, { key: unit.key, type: "node", unit });
       const style = { ...DATA.dot.kinds[unit.kind] };
+      if (unit.kind === "module" && isPlumbing(unit.key.slice(MODULE_PREFIX.length))) Object.assign(style, PLUMBING_STYLE);
       if (unit.kind !== "module" && unit.members[0] && unit.members[0].inplace) Object.assign(style, DATA.dot.inplace);
       lines.push(quote(unit.key) + attrs({ id, label: nodeLines(unit).join("\n"), ...style }));
     }
@@ -83,12 +86,14 @@ async function render(reason) {
     setStatus("layout failed: " + err.message + " (collapse more modules or switch view)", true);
     throw err;
   }
-  ui.graph.innerHTML = svgText;
-  const svg = ui.graph.querySelector("svg");
+  ui.drawing.innerHTML = svgText;
+  const svg = ui.drawing.querySelector("svg");
   svg.removeAttribute("width");
   svg.removeAttribute("height");
   annotate(svg, built);
+  prepareTitles(svg);
   state.drawn = { placed, built, svg, edges: edgeList };
+  drawOverview();
   const ms = performance.now() - started;
   timings.push({ reason: reason || "render", ms, nodes: placed.units.size, edges: edgeList.length });
   document.body.dataset.renders = String(timings.length);
@@ -97,11 +102,12 @@ async function render(reason) {
 }
 
 function tooLarge(count) {
-  ui.graph.innerHTML = `<div class="message"><p><b>${count} nodes</b> at this depth: laying out more than
+  ui.drawing.innerHTML = `<div class="message"><p><b>${count} nodes</b> at this depth: laying out more than
     ${MAX_DRAWN} nodes takes long and may fail.</p><p>Collapse more modules (a smaller depth), switch to
     the rolled view, or <button type="button" id="torchlog-draw-anyway">draw anyway</button>.</p></div>`;
   el("torchlog-draw-anyway").onclick = () => { state.forceDraw = true; render("draw anyway"); };
   state.drawn = null;
+  drawOverview();
   timings.push({ reason: "too large", ms: 0, nodes: count, edges: 0 });
   document.body.dataset.renders = String(timings.length);
   setStatus(`${count} nodes: not drawn`, true);
@@ -118,6 +124,8 @@ function annotate(svg, built) {
       g.dataset.module = address;
       if (call !== null) g.dataset.call = String(call);
       g.dataset.expanded = String(info.type === "box");
+      const moduleKey = info.type === "box" ? info.key : info.key.slice(MODULE_PREFIX.length);
+      if (isPlumbing(moduleKey)) g.dataset.plumbing = scopeEntry(moduleKey).kind;
     } else if (info.unit.kind === "failed") {
       g.dataset.failed = "true";
     } else {
@@ -141,6 +149,7 @@ function syncControls() {
   ui.depth.max = String(maxDepth + 1);
   ui.direction.value = state.direction;
   ui.buffers.checked = state.showBuffers;
+  ui.plumbing.checked = state.showPlumbing;
 }
 
 // ----- pan and zoom (the SVG viewBox) -------------------------------------------------------
@@ -154,24 +163,22 @@ function setView(view) {
   if (!svg) return;
   state.view = view;
   svg.setAttribute("viewBox", view.map((v) => v.toFixed(2)).join(" "));
+  showDetail(ui.graph.getBoundingClientRect().width / view[2]);
+  moveOverviewBox();
 }
 
-// Show the whole graph when its text stays readable (or when `whole`, the Fit button);
-// otherwise its start (the inputs) at a readable size.
-function fit(whole) {
+// Show the whole graph, centred below the breadcrumb (never above 1.5x).
+function fit() {
   const svg = state.drawn && state.drawn.svg;
   if (!svg) return;
   const full = state.drawn.full || (state.drawn.full = graphBox(svg));
   const rect = ui.graph.getBoundingClientRect();
-  const scale = Math.min(rect.width / full[2], rect.height / full[3], 1.5);
-  if (scale >= 0.55 || whole === true) {
-    const w = rect.width / scale, h = rect.height / scale;
-    setView([full[0] - (w - full[2]) / 2, full[1] - (h - full[3]) / 2, w, h]);
-    return;
-  }
-  const w = rect.width / 0.85, h = rect.height / 0.85;
-  const top = state.direction === "BT" ? full[1] + full[3] - h : full[1];
-  setView([full[0] + Math.max(0, (full[2] - w) / 2), top, w, h]);
+  const top = ui.breadcrumb.offsetHeight;
+  const scale = Math.min(rect.width / full[2], (rect.height - top) / full[3], 1.5);
+  const w = rect.width / scale, h = rect.height / scale;
+  const middle = full[1] + full[3] / 2;  // drawn halfway between the breadcrumb and the bottom
+  setView([full[0] - (w - full[2]) / 2, middle - (rect.height + top) / (2 * scale), w, h]);
+  return scale;
 }
 
 function zoomAt(clientX, clientY, factor) {
@@ -181,6 +188,12 @@ function zoomAt(clientX, clientY, factor) {
   const fx = (clientX - rect.left) / rect.width, fy = (clientY - rect.top) / rect.height;
   const w = view[2] * factor, h = view[3] * factor;
   setView([view[0] + (view[2] - w) * fx, view[1] + (view[3] - h) * fy, w, h]);
+}
+
+// Zoom about the middle of the graph area: `factor` 2 shows things twice as large.
+function zoomBy(factor) {
+  const rect = ui.graph.getBoundingClientRect();
+  zoomAt(rect.left + rect.width / 2, rect.top + rect.height / 2, 1 / factor);
 }
 
 function centerOn(element) {

@@ -7,9 +7,10 @@ const FAILED_KEY = "failed op";
 const MAX_DRAWN = 2500;  // above this many nodes, ask before laying out (dot slows, then overflows)
 const el = (id) => document.getElementById(id);
 const ui = {
-  graph: el("torchlog-graph"), panel: el("torchlog-panel"), status: el("torchlog-status"),
+  graph: el("torchlog-graph"), drawing: el("torchlog-drawing"), breadcrumb: el("torchlog-breadcrumb"),
+  panel: el("torchlog-panel"), status: el("torchlog-status"),
   mode: el("torchlog-mode"), depth: el("torchlog-depth"), search: el("torchlog-search"),
-  direction: el("torchlog-direction"), buffers: el("torchlog-buffers"),
+  direction: el("torchlog-direction"), buffers: el("torchlog-buffers"), plumbing: el("torchlog-plumbing"),
 };
 
 // ----- the model, indexed once ---------------------------------------------------------
@@ -21,11 +22,15 @@ const chains = {  // module keys holding each pass, outermost first
     p.modules.slice().reverse().map((call) => call.slice(0, call.lastIndexOf(":")))])),
 };
 const moduleDepth = { unrolled: new Map(), rolled: new Map() };
+const moduleChains = { unrolled: new Map(), rolled: new Map() };  // key -> modules down to it
 for (const mode of ["unrolled", "rolled"]) {
   for (const chain of chains[mode].values()) {
     chain.forEach((key, i) => {
       const known = moduleDepth[mode].get(key);
-      if (known === undefined || i + 1 < known) moduleDepth[mode].set(key, i + 1);
+      if (known === undefined || i + 1 < known) {
+        moduleDepth[mode].set(key, i + 1);
+        moduleChains[mode].set(key, chain.slice(0, i + 1));
+      }
     });
   }
 }
@@ -37,6 +42,7 @@ const state = {
   expanded: new Set(),
   direction: "TB",
   showBuffers: false,
+  showPlumbing: false,  // helper runs and folds drawn open
   selected: null,     // a node key, or a module key
   forceDraw: false,
   drawn: null,        // what the last render drew
@@ -45,11 +51,21 @@ const state = {
 const timings = [];
 window.torchlogViewer = { state, timings, data: DATA, render, goTo, setDepth, setMode, toggleModule };
 
+// Plumbing (helper runs and folds of ops outside every module) opens only when asked.
 function expandToDepth() {
   state.expanded = new Set();
   for (const [key, depth] of moduleDepth[state.mode]) {
-    if (depth < state.depth) state.expanded.add(key);
+    if (isPlumbing(key) ? state.showPlumbing : depth < state.depth) state.expanded.add(key);
   }
+}
+
+function scopeEntry(moduleKey) {
+  return state.mode === "rolled" ? DATA.modules[moduleKey] : DATA.calls[moduleKey];
+}
+
+function isPlumbing(moduleKey) {
+  const entry = scopeEntry(moduleKey);
+  return Boolean(entry) && (entry.kind === "helper" || entry.kind === "fold");
 }
 
 // ----- what to draw ---------------------------------------------------------------------
@@ -98,7 +114,7 @@ function nodeLines(unit) {
   if (unit.kind === "failed") return DATA.failure.lines;
   if (unit.kind === "module") {
     const moduleKey = unit.key.slice(MODULE_PREFIX.length);
-    const entry = state.mode === "rolled" ? DATA.modules[moduleKey] : DATA.calls[moduleKey];
+    const entry = scopeEntry(moduleKey);
     const lines = entry ? entry.lines.slice() : [moduleKey];
     lines[0] = "\u229E " + lines[0];  // a boxed plus: click to expand
     return lines;

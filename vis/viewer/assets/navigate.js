@@ -46,6 +46,7 @@ function focusModule(moduleKey) {
 
 function select(key) {
   state.selected = key;
+  showPath(key);
   const svg = state.drawn && state.drawn.svg;
   if (svg) {
     svg.querySelectorAll(".torchlog-selected").forEach((g) => g.classList.remove("torchlog-selected"));

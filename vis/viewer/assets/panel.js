@@ -106,6 +106,7 @@ function showLayer(layer) {
 }
 
 function showModule(moduleKey) {
+  showPath(moduleKey);
   const rolled = state.mode === "rolled";
   const call = rolled ? null : DATA.calls[moduleKey];
   const address = rolled ? moduleKey : (call ? call.address : moduleKey);
