@@ -29,7 +29,7 @@ from torchlog.optional import require
 from torchlog.options import LogOptions
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
 from torchlog.replay import validate_saved_activations
-from torchlog.comparison import Comparison, compare
+from torchlog.comparison import Comparison, compare, find_nonfinite
 
 __version__ = "0.1.0"
 
@@ -78,5 +78,5 @@ __all__ = [
     "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
     "LogFilePermissionError", "IncompleteLogWarning", "lint", "LintError",
     "OpSequenceChangedWarning", "DistributedExtractError",
-    "compare", "Comparison", "ComparisonError",
+    "compare", "Comparison", "ComparisonError", "find_nonfinite",
 ]

@@ -418,3 +418,25 @@ def test_first_nonfinite_names_the_op() -> None:
     assert _log(nn.Linear(4, 4), torch.randn(2, 4)).first_nonfinite() is None
     with pytest.raises(torchlog.InvalidArgumentTypeError, match="got 3 of type int"):
         first_nonfinite(3)
+
+
+def test_find_nonfinite_stops_at_the_op() -> None:
+    torch.manual_seed(0)
+    model, x = NanInBlockOne(), torch.randn(2, 4)
+    full = _log(model, x)
+    found = torchlog.find_nonfinite(model, x, random_seed=0)
+    assert found.label == full.first_nonfinite().label == "log_1_4"
+    file, line, source = source_line(found.call_site)
+    assert file == __file__ and source == "x = (x - 100).log() + x  # log of a negative value: NaN"
+    assert found.module is None and torch.isnan(found.tensor_contents).any()
+    assert full["log_1_4"].children == ("add_1_5",)
+    assert found.children == ()  # the logged pass stopped right after it: nothing read it
+    assert torchlog.find_nonfinite(Mlp(), torch.randn(3, 8)) is None
+    assert torchlog.find_nonfinite(nn.Identity(), torch.ones(2)) is None  # no op at all
+
+
+def test_find_nonfinite_names_an_input_that_holds_one() -> None:
+    x = torch.randn(3, 8)
+    x[1, 2] = float("inf")
+    found = torchlog.find_nonfinite(Mlp(), x)
+    assert found.label == "input_1_0"

@@ -2,10 +2,10 @@
 from torchlog.comparison.align import Pair, align
 from torchlog.comparison.api import compare
 from torchlog.comparison.difference import Difference, difference
-from torchlog.comparison.nonfinite import first_nonfinite
+from torchlog.comparison.nonfinite import find_nonfinite, first_nonfinite
 from torchlog.comparison.result import Comparison
 from torchlog.comparison.rows import Row, Status
 from torchlog.comparison.tolerances import Tolerance
 
 __all__ = ["compare", "Comparison", "Row", "Status", "Difference", "Tolerance", "Pair", "align",
-           "difference", "first_nonfinite"]
+           "difference", "find_nonfinite", "first_nonfinite"]
