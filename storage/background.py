@@ -125,7 +125,8 @@ class WriteQueue:
                 if not self._jobs:
                     return
                 job = self._busy = self._jobs.popleft()
-                del self._waiting[job.index]
+                if self._waiting.get(job.index) is job:  # a node's value may be queued again (interventions)
+                    del self._waiting[job.index]
             try:
                 if self.error is None:
                     self._write(job.nodes, job.index, job.value)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from torchlog.history import ModelHistory, RunInfo, all_passes
+from torchlog.interventions.records import InterventionRecord
 from torchlog.records import (
     LayerRecord, ModuleRecord, NodeKind, ParamInfo, ParentEdge, PassRecord, PassSpan, TensorMeta,
 )
@@ -120,8 +121,11 @@ def _layer_to_dict(layer: LayerRecord) -> dict[str, Any]:
 
 
 def _info_to_dict(info: RunInfo) -> dict[str, Any]:
-    return {f.name: encode(getattr(info, f.name)) for f in dataclasses.fields(RunInfo)
-            if f.name != "all_passes"}  # stored as the passes themselves
+    found = {f.name: encode(getattr(info, f.name)) for f in dataclasses.fields(RunInfo)
+             if f.name not in ("all_passes", "interventions")}  # all_passes: the passes themselves
+    # Interventions as plain data: site and action as text, parameters as JSON (no code).
+    found["interventions"] = [record.as_json() for record in info.interventions]
+    return found
 
 
 # ----- JSON -> history ----------------------------------------------------------------------------
@@ -152,7 +156,16 @@ def _info_from_dict(fields: dict[str, Any]) -> RunInfo:
     extra = fields.get("extra") or {}
     if "num_gradient_hooks" not in fields and "save_gradients" in extra:
         fields["num_gradient_hooks"] = extra["save_gradients"]
+    fields["interventions"] = tuple(_intervention(d) for d in fields.get("interventions") or ())
     return RunInfo(**_known(RunInfo, fields))
+
+
+def _intervention(d: dict[str, Any]) -> InterventionRecord:
+    """A stored intervention: its action comes back as the text naming it, never as code."""
+    change = d.get("max_abs_change")
+    return InterventionRecord(d["site"], d["label"], d["action"],
+                              float("nan") if change is None else change, d["op_index"],
+                              d.get("number", 0))
 
 
 def _known(cls: type, fields: dict[str, Any]) -> dict[str, Any]:

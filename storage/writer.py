@@ -329,6 +329,8 @@ class _Stream:
     def write(self, nodes: Sequence[RawNode], index: int, value: Any, what: str) -> None:
         """Write and tag the activation of node `index`, then flush: what is flushed
         survives the process being killed. Raises what write_value raises."""
+        if str(index) in self.activations:  # an intervention replaced the value of a node already written
+            del self.activations[str(index)]
         obj = write_value(self.activations, str(index), value, what, self.options)
         if self.node_log is not None:
             self.node_log.tag(obj, nodes, index)

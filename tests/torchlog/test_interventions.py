@@ -583,3 +583,20 @@ def test_an_intervention_error_is_raised_even_with_on_error_return() -> None:
     model, x = _net()
     with pytest.raises(InterventionError, match="returned shape"):
         torchlog.log_forward_pass(model, x, on_error="return", intervene={"1": lambda v, f: v[0]})
+
+
+def test_a_log_file_records_the_interventions_as_data_and_marks_the_passes(tmp_path) -> None:
+    pytest.importorskip("h5py")
+    model, x = _net()
+    path = str(tmp_path / "acted.h5")
+    history = torchlog.log_forward_pass(model, x, save_to=path, intervene={"1": add(torch.ones(5), alpha=2.0)})
+    loaded = torchlog.load(path)
+    (record,) = loaded.interventions
+    assert (record.site, record.label, record.action) == ("1", "relu_1_2", "add(vector=<tensor (5,) float32>, alpha=2.0, dim=-1)")
+    assert record.max_abs_change == pytest.approx(history.interventions[0].max_abs_change)
+    (mark,) = loaded["relu_1_2"].extra["interventions"]
+    assert mark["action_name"] == "add" and mark["params"]["alpha"] == 2.0
+    assert torch.equal(loaded["relu_1_2"].tensor_contents, history["relu_1_2"].tensor_contents)
+    assert "Interventions: 1 fired" in str(loaded) and "Intervened: add(" in str(loaded["relu_1_2"])
+    with open(path, "rb") as f:
+        assert b"pickle" not in f.read()

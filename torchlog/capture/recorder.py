@@ -838,6 +838,8 @@ class Recorder:
         if node.saved is not None:
             self._saved_versions.pop(node.index, None)
             if opts.sink is not None:
+                if opts.sink_settle is not None:  # the old value's write ends before the new one's
+                    opts.sink_settle(node.index)
                 node.saved = opts.sink(self.nodes, node.index, self._copy_for_saving(new))
             else:
                 self._save(node, new)

@@ -26,7 +26,8 @@ class InterventionRecord:
         return {"site": self.site if isinstance(self.site, (str, int)) else repr(self.site),
                 "label": self.label, "action": repr(self.action),
                 "action_name": getattr(self.action, "name", "call"), "params": params,
-                "max_abs_change": None if math.isnan(change) else change, "op_index": self.op_index}
+                "max_abs_change": None if math.isnan(change) else change, "op_index": self.op_index,
+                "number": self.number}
 
     def __str__(self) -> str:
         return f"{self.label}: {self.action!r} at site {self.site!r} (max |change| {self.max_abs_change:.4g})"
