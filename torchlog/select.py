@@ -159,7 +159,14 @@ class _InModule(Selector):
 
     def op_test(self, types: dict[str, str]) -> Callable[[OpView], bool]:
         address = self.address
-        return lambda op: any(a == address for a, _ in op.module_path)
+
+        def inside(op: OpView) -> bool:
+            for enclosing, _ in op.module_path:  # a loop, not any(): it runs on every op
+                if enclosing == address:
+                    return True
+            return False
+
+        return inside
 
     def _matches_record(self, record: PassRecord, history: ModelHistory) -> bool:
         return record.kind.value in _OPS and any(_call_of(t)[0] == self.address for t in record.containing_modules)

@@ -220,9 +220,13 @@ class Recorder:
         self.profiler = OpProfiler(self.named_modules) if options.profile else None
         # Moves saved copies to output_device; from CUDA to the CPU asynchronously.
         self._copier = DeviceCopier(options.output_device) if options.output_device is not None else None
-        # Interventions and stops (capture/plan.py); `_acting` is the one test per op without.
-        self._plan = options.plan
-        self._acting = options.plan is not None
+        # Interventions and stops (capture/plan.py): without a plan, one flag test per op
+        # and per module exit.
+        plan = self._plan = options.plan
+        self._acting_ops = plan is not None and bool(plan.at_calls or plan.at_ops)
+        self._act_calls = frozenset(call for call, _ in plan.at_calls) if plan is not None else frozenset()
+        self._stopping = plan is not None and plan.stop_node is not None
+        self._acting_exits = plan is not None and bool(plan.at_exits or plan.stop_exit)
         self.firings: list[FiringRecord] = []  # every action applied, in order
         self.stopped_at: int | None = None  # the node after which the pass was stopped
         self._checked = 0  # nodes found equal to the plan's logged pass so far
@@ -418,7 +422,7 @@ class Recorder:
                 self._note_failure(name, parents)
                 raise
             elapsed = perf_counter_ns() - t0
-            if self._acting:
+            if self._acting_ops:
                 out = self._act(func, name, writes_first_arg, args, kwargs, out)
             if type(out) is _Tensor:
                 self._record_one(out, name, writes_first_arg or "out" in kwargs, elapsed,
@@ -428,7 +432,7 @@ class Recorder:
             else:
                 out = self._record_result(func, name, writes_first_arg, args, kwargs, out,
                                           elapsed, parents, params, None)
-            if self._acting:
+            if self._stopping:
                 self._stop_if_due()
             return out
         if self.options.save_function_args:
@@ -443,13 +447,13 @@ class Recorder:
             self._note_failure(name, parents)
             raise
         elapsed = perf_counter_ns() - t0 if token is None else self.profiler.stop(token, t0)
-        if self._acting:
+        if self._acting_ops:
             out = self._act(func, name, writes_first_arg, args, kwargs, out)
         self._record_result(func, name, writes_first_arg, args, kwargs, out, elapsed,
                             parents, params, None if token is None else self.profiler.last)
         if name == "data" and func == _DATA_GET:
             self._watch(args[0])
-        if self._acting:
+        if self._stopping:
             self._stop_if_due()
         return out
 
@@ -541,10 +545,10 @@ class Recorder:
         nothing), as `on_op` would have."""
         self._rng_before = rng
         writes = describe(func).writes_first_arg
-        if self._acting:
+        if self._acting_ops:
             out = self._act(func, name, writes, args, kwargs, out)
         out = self._record_result(func, name, writes, args, kwargs, out, 0, parents, params, None)
-        if self._acting:
+        if self._stopping:
             self._stop_if_due()
         return out
 
@@ -746,11 +750,11 @@ class Recorder:
     def _act(self, func: Callable, name: str, writes: bool, args: tuple, kwargs: dict, out: Any) -> Any:
         """Apply the plan's actions to the outputs of the op that just returned (its node is
         next); return what the model gets in place of `out`."""
-        plan = self._plan
-        if not (plan.at_calls or plan.at_ops):
+        plan, call = self._plan, self._call_count + 1
+        if not plan.at_ops and call not in self._act_calls:
             return out
-        outs = output_tensors(func, args, out)
-        call, base = self._call_count + 1, len(self.nodes)
+        outs = ((out, ()),) if type(out) is _Tensor else output_tensors(func, args, out)
+        base = len(self.nodes)
         for output_index, (t, _) in enumerate(outs):
             index, label, acts = base + output_index, None, ()
             planned = plan.at_calls.get((call, output_index)) if plan.at_calls else None
@@ -758,8 +762,8 @@ class Recorder:
                 expected, label, acts = planned
                 self._check_ops(expected, index, name)
             if plan.at_ops:
-                view = OpView(name, _layer_type(name), self.module_stack, tuple(t.shape), t.dtype,
-                              index, output_index)
+                view = _new(OpView, (name, _layer_type(name), self.module_stack, tuple(t.shape),
+                                     t.dtype, index, output_index))
                 found = tuple(rule.act for rule in plan.at_ops if rule.test(view))
                 if found:
                     acts = tuple(sorted(acts + found, key=_act_number))
@@ -915,7 +919,7 @@ class Recorder:
             self.nodes[index].output_of.append(call)
             returned.append(index)
         self.call_outputs[call] = returned
-        if self._acting and output is not None:
+        if self._acting_exits and output is not None:
             output = self._act_on_exit(call, output, returned)
         return output
 
