@@ -43,6 +43,7 @@ class LocalErrors:
         self._b = {p.b.label: p.b for p in pairs if p.b is not None}
         self._last_call: tuple[Any, list[torch.Tensor]] | None = None
         self._exact: set[str] = set()  # b's passes whose values equal their partners' in a
+        self._found: dict[str, list[str] | None] = {}  # _sources of b's passes, by label
         self.failures: dict[str, str] = {}
 
     def note_exact(self, b: PassRecord) -> None:
@@ -60,6 +61,14 @@ class LocalErrors:
 
     def _sources(self, record: PassRecord, depth: int) -> list[str] | None:
         """Labels of run a's passes that b's op reads; None when some input has no source."""
+        if depth == 0 and record.label in self._found:
+            return self._found[record.label]
+        found: list[str] | None = self._walk(record, depth)
+        if depth == 0:
+            self._found[record.label] = found
+        return found
+
+    def _walk(self, record: PassRecord, depth: int) -> list[str] | None:
         found: list[str] = []
         for label in record.parent_labels:
             partner, parent = self._partner.get(label), self._b.get(label)
