@@ -79,6 +79,9 @@ class LogOptions:
     intervene: Mapping[Any, Any] | Sequence[tuple[Any, Any]] | None = None
     # A site (as intervene takes them): end the pass right after its last pass (or the
     # pass it names) was recorded, and return the history so far (`history.stopped_at`).
+    # One module call ('h.1:1', 'cell:3') stops with no other pass; a label, position or
+    # module address without call number is found in one logged pass first, which runs
+    # the whole model.
     stop_after: Any = None
 
     def __post_init__(self) -> None:
