@@ -338,6 +338,7 @@ def test_a_python_functional_is_a_box_like_a_module_call(driver, tmp_path):
     assert f"{scope} (functional)" in text and "in: (3, 2, 16)" in text
     _click(driver, f'#torchlog-graph g.node[data-module="{address}"][data-call="1"]')
     assert set(inside) <= set(_labels(driver))
+    driver.execute_script(f"return window.torchlogViewer.goTo({softmax.label!r})")  # on screen
     driver.find_element("css selector", f'[data-label="{softmax.label}"]').click()
     rows = _panel_rows(driver)
     assert rows["in modules"] == f"{scope} ‹ attn:1"
@@ -444,3 +445,46 @@ def test_mask_and_position_plumbing_folds_until_asked(driver, gpt2_history, tmp_
     assert _num_nodes(driver) == count_nodes(history, "unrolled", 1)
     _click(driver, '#torchlog-graph g.cluster[data-plumbing="helper"] > text')  # fold one again
     assert not set(mask_ops) & set(_labels(driver))
+
+
+def _rect(driver, css: str) -> dict:
+    return driver.execute_script(
+        "const r = document.querySelector(arguments[0]).getBoundingClientRect();"
+        "return {left: r.left, top: r.top, width: r.width, height: r.height};", css)
+
+
+def _scale(driver) -> float:
+    """Screen pixels per unit of the drawing."""
+    return driver.execute_script(
+        "return document.getElementById('torchlog-graph').getBoundingClientRect().width"
+        " / window.torchlogViewer.state.view[2]")
+
+
+def _settled(driver) -> None:
+    """Wait until the page's transitions are over."""
+    driver.execute_script("return Promise.all(document.getAnimations().map(a => a.finished))")
+
+
+@pytest.mark.heavy
+def test_expanding_keeps_the_zoom_and_the_module_in_place(driver, gpt2_history, tmp_path):
+    _open(driver, gpt2_history, tmp_path, depth=1)
+    scale = _scale(driver)
+    node = _rect(driver, '#torchlog-graph g.node[data-module="h.1"]')
+    _click(driver, '#torchlog-graph g.node[data-module="h.1"]')
+    glides = driver.execute_script("return window.torchlogViewer.timings.at(-1).glides")
+    _settled(driver)
+    assert _scale(driver) == pytest.approx(scale, rel=1e-3)
+    box = _rect(driver, '#torchlog-graph g.cluster[data-module="h.1"]')
+    graph = _rect(driver, "#torchlog-graph")
+    crumb = _rect(driver, "#torchlog-breadcrumb")
+    # The box starts where the node was, or as close as keeps its title on screen.
+    assert box["left"] == pytest.approx(node["left"], abs=3) or box["left"] >= graph["left"]
+    assert crumb["top"] + crumb["height"] <= box["top"] <= max(node["top"] + 3, graph["top"] + 30)
+    assert box["top"] < graph["top"] + graph["height"] - 20
+    assert glides > 0  # the nodes after h.1 moved down, gliding
+    assert "\u203a h.1" in driver.find_element("id", "torchlog-breadcrumb").text  # the pointer is in it
+    _click(driver, '#torchlog-graph g.cluster[data-module="h.1"] > text')
+    _settled(driver)
+    again = _rect(driver, '#torchlog-graph g.node[data-module="h.1"]')
+    assert again["left"] == pytest.approx(box["left"], abs=3) and again["top"] == pytest.approx(box["top"], abs=3)
+    assert _scale(driver) == pytest.approx(scale, rel=1e-3)

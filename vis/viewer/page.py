@@ -36,7 +36,8 @@ MAX_UNROLLED_NODES = 1500
 NOTEBOOK_HEIGHT_PX = 640
 # The page's script, in order. The parts share one function scope (state, helpers), so
 # the page stays a classic inline script: notebooks may refuse modules and blob URLs.
-SCRIPT_PARTS = ("graph.js", "draw.js", "overview.js", "navigate.js", "panel.js", "controls.js")
+SCRIPT_PARTS = ("graph.js", "draw.js", "overview.js", "motion.js", "navigate.js", "panel.js",
+                "controls.js")
 
 
 class ViewerPage(str):

@@ -133,7 +133,8 @@ async function start() {
   setTimeout(fillSearchList, 0);  // suggestions can wait until the graph is on screen
 }
 
-Object.assign(window.torchlogViewer, { runSearch, svgText: currentSvgText, pngDataUrl, fit, zoomBy, setPlumbing });
+Object.assign(window.torchlogViewer, { runSearch, svgText: currentSvgText, pngDataUrl, fit, zoomBy, setPlumbing,
+  scale: currentScale });
 window.torchlogViewer.ready = start().catch((err) => {
   setStatus("could not draw the graph: " + err.message, true);
   document.body.dataset.ready = "error";

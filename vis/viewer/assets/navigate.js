@@ -29,11 +29,17 @@ async function toggleModule(moduleName) {
   const moduleKey = moduleKeyOf(moduleName);
   if (moduleKey === null) return false;
   const opening = !state.expanded.has(moduleKey);
+  const element = moduleElement(moduleKey);
+  const anchor = element && element.getBoundingClientRect(), scale = currentScale();
+  const before = screenPlaces();
   if (opening) state.expanded.add(moduleKey); else state.expanded.delete(moduleKey);
   state.selected = opening ? null : MODULE_PREFIX + moduleKey;
   showModule(moduleKey);
   await render(opening ? "expand " + moduleKey : "collapse " + moduleKey);
-  focusModule(moduleKey);
+  if (!state.drawn) return true;
+  keepInPlace(moduleKey, anchor, scale);
+  flash(moduleElement(moduleKey));
+  timings[timings.length - 1].glides = glideFrom(before, (key) => insideModule(key, moduleKey));
   return true;
 }
 
