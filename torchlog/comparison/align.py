@@ -28,6 +28,15 @@ def align(a: Sequence[PassRecord], b: Sequence[PassRecord]) -> tuple[list[Pair],
 
     Returns:
         The pairs and how they were found ('label' or 'sequence').
+
+    Example:
+        >>> import torch, torchlog
+        >>> x = torch.randn(2, 3)
+        >>> a = torchlog.log_forward_pass(torch.nn.Sequential(torch.nn.ReLU()), x)
+        >>> b = torchlog.log_forward_pass(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()), x)
+        >>> pairs, how = align(a.passes, b.passes)
+        >>> how, [(p.a and p.a.label, p.b and p.b.label) for p in pairs]
+        ('sequence', [('input_1_0', 'input_1_0'), ('relu_1_1', 'relu_1_1'), (None, 'tanh_1_2'), ('output_1_2', 'output_1_3')])
     """
     if len(a) == len(b) and all(x.label == y.label and x.func_name == y.func_name
                                 for x, y in zip(a, b)):
