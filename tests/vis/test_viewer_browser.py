@@ -488,3 +488,39 @@ def test_expanding_keeps_the_zoom_and_the_module_in_place(driver, gpt2_history, 
     again = _rect(driver, '#torchlog-graph g.node[data-module="h.1"]')
     assert again["left"] == pytest.approx(box["left"], abs=3) and again["top"] == pytest.approx(box["top"], abs=3)
     assert _scale(driver) == pytest.approx(scale, rel=1e-3)
+
+
+class _SteppedLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(4, 8)
+
+    def forward(self, x):
+        h = c = torch.zeros(1, 8)
+        for _ in range(3):
+            h, c = self.cell(x, (h, c))
+        return h
+
+
+def test_a_call_returning_a_tuple_is_one_node(driver, tmp_path):
+    history = torchlog.log_forward_pass(_SteppedLSTM(), torch.randn(1, 4), random_seed=0)
+    firsts = [r.label for r in history if r.func_name == "lstm_cell" and r.output_index == 0]
+    seconds = [r.label for r in history if r.func_name == "lstm_cell" and r.output_index == 1]
+    assert len(firsts) == len(seconds) == 3
+    _open(driver, history, tmp_path, depth=None)
+    labels = _labels(driver)
+    assert set(firsts) <= set(labels) and not set(seconds) & set(labels)
+    assert _num_nodes(driver) == count_nodes(history, "unrolled", None) - 3
+    text = driver.execute_script(f"return document.querySelector('[data-label=\"{firsts[0]}\"]').textContent")
+    assert "2 outputs: (1, 8), (1, 8)" in text and text.count("params:") == 1
+    # Searching the second output goes to the call's node and shows that output.
+    driver.find_element("css selector", "#torchlog-search").send_keys(seconds[1] + "\n")
+    wait_for(driver, f"return document.querySelector('#torchlog-panel h2')?.textContent === {seconds[1]!r}")
+    assert driver.execute_script(
+        "return document.querySelector('#torchlog-graph g.torchlog-selected').dataset.label") == firsts[1]
+    assert _panel_rows(driver)["output of call"] == f"{firsts[1]} (output 2)"
+    run_and_wait(driver, "await window.torchlogViewer.setMode('rolled');")
+    rolled = driver.execute_script(
+        "return [...document.querySelectorAll('#torchlog-graph g.node')].map(g => g.textContent)")
+    assert sum("lstmcell" in t for t in rolled) == 1
+    assert any("(x3)" in t and "2 outputs" in t for t in rolled)

@@ -28,6 +28,7 @@ from torchlog.vis.text import (
     MAX_SHAPES_SHOWN, arg_text, caption_lines, failure_lines, layer_lines, pass_lines, passes_text,
     shape_text,
 )
+from torchlog.vis.viewer.outputs import call_lines, call_outputs
 from torchlog.vis.viewer.plumbing import PlumbingScope, plumbing_scopes
 from torchlog.vis.viewer.stats import tensor_stats_all
 
@@ -55,6 +56,7 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
     stats = _all_stats(history) if with_stats else {}
     scopes, plumbing = scope_table(history)
     passes = [_pass_entry(r, stats.get(r.label), scopes[r.label]) for r in history]
+    _join_outputs(history, passes, layers)
     return {
         "version": FORMAT_VERSION,
         "model": history.model_name,
@@ -67,6 +69,23 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
         "failure": _failure(history),
         "dot": _dot_styles(),
     }
+
+
+def _join_outputs(history: "ModelHistory", passes: list[dict[str, Any]],
+                  layers: dict[str, LayerRecord]) -> None:
+    """Mark the passes of a call that returned several tensors: the first lists them all
+    (`outputs`) with the call's node lines, the others name it (`callOf`)."""
+    entries = {entry["label"]: entry for entry in passes}
+    by_label = {r.label: r for r in history}
+    for first, labels in call_outputs(history).items():
+        records = [by_label[label] for label in labels]
+        entries[first]["outputs"] = list(labels)
+        entries[first]["callLines"] = call_lines(records)
+        layer = layers.get(records[0].layer_label)
+        if layer is not None:
+            entries[first]["layerCallLines"] = call_lines(records, list(layer.passes))
+        for label in labels[1:]:
+            entries[label]["callOf"] = first
 
 
 def _dot_styles() -> dict[str, Any]:

@@ -19,6 +19,7 @@ from torchlog.errors import (
 from torchlog.vis.options import RenderOptions, check_depth
 from torchlog.vis.placement import place
 from torchlog.vis.viewer.data import page_data, scope_table
+from torchlog.vis.viewer.outputs import call_outputs
 
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
@@ -79,13 +80,15 @@ def count_nodes(history: "ModelHistory", mode: str, depth: int | None) -> int:
 
 def page_node_count(history: "ModelHistory", mode: str, depth: int | None,
                     table: tuple[dict[str, tuple[str, ...]], dict[str, Any]] | None = None) -> int:
-    """Nodes the page draws at `depth`: as `count_nodes`, with plumbing folded (buffers hidden)."""
+    """Nodes the page draws at `depth`: as `count_nodes`, with plumbing folded and each call
+    that returned several tensors drawn once (buffers hidden)."""
     scopes, plumbing = table or scope_table(history)
     folded = {key.rsplit(":", 1)[0] if mode == "rolled" else key for key in plumbing}
+    joined = {label for labels in call_outputs(history).values() for label in labels[1:]}
     units: set[str] = set()
     layer_unit: dict[str, str] = {}
     for record in history:
-        if record.is_buffer:
+        if record.is_buffer or record.label in joined:
             continue
         if mode == "rolled" and record.layer_label in layer_unit:
             continue

@@ -80,10 +80,9 @@ function placement() {
   for (const p of DATA.passes) {
     if (p.kind === "buffer" && !state.showBuffers) continue;
     let key = rolled ? layerUnit.get(p.layer) : undefined;
-    if (key === undefined) {
-      key = unitKey(p, rolled, units);
-      if (rolled) layerUnit.set(p.layer, key);
-    }
+    if (key === undefined && p.callOf !== undefined) key = unitOf.get(p.callOf);  // one call, one node
+    if (key === undefined) key = unitKey(p, rolled, units);
+    if (rolled && !layerUnit.has(p.layer)) layerUnit.set(p.layer, key);
     unitOf.set(p.label, key);
     units.get(key).members.push(p);
   }
@@ -120,7 +119,8 @@ function nodeLines(unit) {
     return lines;
   }
   const first = unit.members[0];
-  return state.mode === "rolled" ? layerByLabel.get(first.layer).lines : first.lines;
+  if (state.mode === "rolled") return first.layerCallLines || layerByLabel.get(first.layer).lines;
+  return first.callLines || first.lines;
 }
 
 function edges(placed) {

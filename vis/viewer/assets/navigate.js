@@ -50,7 +50,8 @@ function focusModule(moduleKey) {
   if (target) { flash(target); centerOn(target); }
 }
 
-function select(key) {
+// Select node `key`; the panel shows `shown` (a pass or layer the node holds), else the node.
+function select(key, shown) {
   state.selected = key;
   showPath(key);
   const svg = state.drawn && state.drawn.svg;
@@ -61,8 +62,8 @@ function select(key) {
   }
   if (key === FAILED_KEY) showFailure();
   else if (key.startsWith(MODULE_PREFIX)) showModule(key.slice(MODULE_PREFIX.length));
-  else if (state.mode === "rolled") showLayer(layerByLabel.get(key));
-  else showPass(passByLabel.get(key));
+  else if (state.mode === "rolled") showLayer(layerByLabel.get(shown || key));
+  else showPass(passByLabel.get(shown || key));
 }
 
 // Mark what a search or link went to; the mark stays until the next one, so it can be found
@@ -83,9 +84,9 @@ async function goTo(label) {
   let changed = !state.drawn;
   for (const key of chain) if (!state.expanded.has(key)) { state.expanded.add(key); changed = true; }
   if (changed) { await render("go to " + label); fit(); }
-  const key = state.mode === "rolled" ? pass.layer : pass.label;
+  const key = state.drawn.placed.unitOf.get(pass.label);
   const target = state.drawn.svg.getElementById(state.drawn.built.nodeId.get(key));
-  select(key);
+  select(key, state.mode === "rolled" ? pass.layer : pass.label);
   flash(target);
   centerOn(target);
   return true;

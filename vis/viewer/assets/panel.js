@@ -79,6 +79,8 @@ function passRows(p) {
     ["address", p.address ? `<code>${esc(p.address)}</code>` : null],
     ["in modules", modules],
     ["output of", p.outputOf ? p.outputOf.map(moduleLink).join(", ") : null],
+    ["call's outputs", p.outputs ? p.outputs.map((l) => link(l)).join(", ") : null],
+    ["output of call", p.callOf ? `${link(p.callOf)} (output ${passIndexInCall(p) + 1})` : null],
     ["call site", siteHtml(p.site)],
     ["params", p.params ? p.params.map(([a, s, n]) => `<code>${esc(a)}</code> ${esc(shapeText(s))}, ${n}`).join("<br>") : null],
     ["time", p.timeUs ? `${p.timeUs} µs` : null],
@@ -86,6 +88,10 @@ function passRows(p) {
     ["children", p.children.length ? p.children.map((l) => link(l)).join("<br>") : "none"],
     ["gradient", p.grad ? `${esc(shapeText(p.grad.shape))}, norm ${num(p.grad.norm)}` : null],
   ]);
+}
+
+function passIndexInCall(p) {
+  return passByLabel.get(p.callOf).outputs.indexOf(p.label);
 }
 
 function showPass(p) {
