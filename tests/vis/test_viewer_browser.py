@@ -16,7 +16,7 @@ from torch import nn
 import torchlog
 from tests.models import LongLoop, Nested, SimpleRecurrent
 from tests.vis.browser import open_page, run_and_wait, start_browser, wait_for
-from torchlog.vis.viewer.page import count_nodes, page_node_count
+from torchlog.vis.viewer.page import count_nodes, page_node_count, show
 
 pytestmark = pytest.mark.browser
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "viewer-screenshots"
@@ -228,17 +228,57 @@ def test_export_gives_the_drawn_graph_as_svg_and_png(driver, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
 
 
-def test_notebook_iframe_shows_the_same_viewer(driver, tmp_path):
-    history = _nested_history()
+class _Modèle(nn.Module):  # a name beyond ASCII
+    def __init__(self) -> None:
+        super().__init__()
+        self.couche_é = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.couche_é(x))
+
+
+def test_notebook_frame_survives_a_host_page_in_another_encoding(driver, tmp_path):
+    history = torchlog.log_forward_pass(_Modèle(), torch.randn(2, 4), random_seed=0)
     host = tmp_path / "notebook.html"
-    host.write_text("<html><body>" + history.show(depth=2)._repr_html_() + "</body></html>", encoding="utf-8")
+    frame = show(history, depth=2, height=700)._repr_html_()
+    host.write_bytes(b'<html><head><meta charset="windows-1252"></head><body>'
+                     + frame.encode("ascii") + b"</body></html>")
     driver.get(host.as_uri())
+    assert driver.execute_script("return document.querySelector('.torchlog-frame').offsetHeight") == 700
     driver.switch_to.frame(driver.find_element("tag name", "iframe"))
     try:
         wait_for(driver, "return document.body && document.body.dataset.ready")
         assert _num_nodes(driver) == count_nodes(history, "unrolled", 2)
+        assert driver.find_element("id", "torchlog-title").text == "_Modèle"
+        driver.find_element("css selector", '[data-label="linear_1_1"]').click()
+        assert _panel_rows(driver)["in modules"] == "couche_é:1"
+        assert _panel_rows(driver)["time"].endswith(" \u00b5s")
+        assert driver.find_element("id", "torchlog-breadcrumb").text == "_Modèle \u203a couche_é \u203a linear_1_1"
     finally:
         driver.switch_to.default_content()
+
+
+class _AModelWhoseClassNameIsLongerThanAnyToolbarWouldWishItToBeEvenOnAWideScreen(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_the_toolbar_stays_put_and_shows_the_search_hint_whole(driver, tmp_path):
+    history = torchlog.log_forward_pass(
+        _AModelWhoseClassNameIsLongerThanAnyToolbarWouldWishItToBeEvenOnAWideScreen(), torch.ones(2))
+    _open(driver, history, tmp_path)
+    fits = driver.execute_script(
+        "const box = document.getElementById('torchlog-search'); const style = getComputedStyle(box);"
+        "const ctx = document.createElement('canvas').getContext('2d'); ctx.font = style.font;"
+        "const room = box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);"
+        "return [ctx.measureText(box.placeholder).width, room];")
+    assert fits[0] <= fits[1]
+    where = ("const r = document.getElementById('torchlog-search').getBoundingClientRect();"
+             "return [r.left, r.top, r.width, document.getElementById('torchlog-toolbar').offsetHeight];")
+    before = driver.execute_script(where)
+    driver.find_element("css selector", "#torchlog-search").send_keys("no such label anywhere in this model at all\n")
+    wait_for(driver, "return document.getElementById('torchlog-status').textContent.startsWith('nothing matches')")
+    assert driver.execute_script(where) == before
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from torchlog.vis.viewer.outputs import call_outputs
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
-__all__ = ["MODES", "READABLE_NODES", "ViewerPage", "count_nodes", "default_view", "page_html",
+__all__ = ["MIN_HEIGHT_PX", "MODES", "READABLE_NODES", "ViewerPage", "count_nodes", "default_view", "page_html",
            "page_node_count", "show", "to_html", "viewer_script"]
 
 MODES = ("unrolled", "rolled")
@@ -35,6 +35,7 @@ READABLE_NODES = 60
 # with every module collapsed opens rolled (a long loop folds into a few nodes).
 MAX_UNROLLED_NODES = 1500
 NOTEBOOK_HEIGHT_PX = 640
+MIN_HEIGHT_PX = 240
 # The page's script, in order. The parts share one function scope (state, helpers), so
 # the page stays a classic inline script: notebooks may refuse modules and blob URLs.
 SCRIPT_PARTS = ("graph.js", "draw.js", "overview.js", "motion.js", "navigate.js", "panel.js",
@@ -42,16 +43,41 @@ SCRIPT_PARTS = ("graph.js", "draw.js", "overview.js", "motion.js", "navigate.js"
 
 
 class ViewerPage(str):
-    """The HTML text of a viewer page; shown inline when it is a notebook cell's result.
+    """The HTML text of a viewer page (ASCII only); shown inline as a notebook cell's result.
 
     It is a `str`; `_repr_html_` wraps it in an iframe (`srcdoc`), which JupyterLab, the
-    classic notebook and VS Code all display with no extension installed.
+    classic notebook and VS Code all display with no extension installed, in a frame
+    `height` pixels high that the reader can resize by its bottom edge. The page holds no
+    character beyond ASCII, so a host page in any encoding shows it unchanged.
     """
 
+    height: int = NOTEBOOK_HEIGHT_PX
+
+    def sized(self, height: int) -> "ViewerPage":
+        """The same page shown `height` pixels high (at least MIN_HEIGHT_PX).
+
+        Raises:
+            InvalidArgumentTypeError: `height` is not an int.
+            InvalidOptionError: `height` is below MIN_HEIGHT_PX.
+        """
+        if not isinstance(height, int) or isinstance(height, bool):
+            raise InvalidArgumentTypeError(
+                f"height must be an int number of pixels, got {height!r} of type {type(height).__name__}")
+        if height < MIN_HEIGHT_PX:
+            raise InvalidOptionError(f"height must be >= {MIN_HEIGHT_PX} pixels, got {height!r}")
+        page = ViewerPage(self)
+        page.height = height
+        return page
+
     def _repr_html_(self) -> str:
-        return (f'<iframe srcdoc="{html.escape(str(self), quote=True)}" '
-                f'style="width: 100%; height: {NOTEBOOK_HEIGHT_PX}px; border: 1px solid #ccc" '
-                'sandbox="allow-scripts allow-downloads allow-popups"></iframe>')
+        # The frame sits in a box the reader can resize; the box's bottom strip holds the
+        # handle, which the frame would otherwise cover.
+        return (f'<div class="torchlog-frame" style="resize: vertical; overflow: hidden; '
+                f'height: {self.height}px; min-height: {MIN_HEIGHT_PX}px; padding-bottom: 8px; '
+                'box-sizing: border-box; border: 1px solid #ccc">'
+                f'<iframe srcdoc="{html.escape(str(self), quote=True)}" '
+                'style="width: 100%; height: 100%; border: 0; display: block" '
+                'sandbox="allow-scripts allow-downloads allow-popups"></iframe></div>')
 
 
 def _check_mode(mode: Any) -> None:
@@ -170,7 +196,7 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
             data["view"]["focus"] = found.label
         text = _script_json(data)
     page = Template(_asset("page.html")).substitute(
-        title=html.escape(history.model_name), style=_asset("viewer.css"),
+        title=_ascii_html(history.model_name), style=_asset("viewer.css"),
         data=text, graphviz=_asset("graphviz.js"), viewer=viewer_script())
     return ViewerPage(page)
 
@@ -187,6 +213,11 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _ascii_html(text: str) -> str:
+    """`text` escaped for HTML, characters beyond ASCII as character references."""
+    return html.escape(text).encode("ascii", "xmlcharrefreplace").decode("ascii")
 
 
 def _output_path(path: Any) -> Path:
@@ -233,9 +264,15 @@ def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None =
 
 
 def show(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
-         focus: str | None = None) -> ViewerPage:
+         focus: str | None = None, height: int | None = None) -> ViewerPage:
     """The viewer of `history` for a notebook: display the returned page (it shows inline).
 
-    Returns the page; as the last expression of a Jupyter cell it displays itself.
+    Returns the page; as the last expression of a Jupyter cell it displays itself in a
+    frame `height` pixels high (default 640), which the reader can resize by its bottom edge.
+
+    Raises:
+        As `page_html`, and InvalidOptionError / InvalidArgumentTypeError for a `height`
+        that is not an int of at least 240.
     """
-    return page_html(history, mode, depth, focus)
+    page = page_html(history, mode, depth, focus)
+    return page if height is None else page.sized(height)

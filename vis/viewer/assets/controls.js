@@ -115,7 +115,7 @@ async function start() {
   syncControls();
   showPath(null);
   if (!DATA.passes.length) { setStatus("this history has no ops", true); return; }
-  setStatus("loading Graphviz…");
+  setStatus("loading Graphviz\u2026");
   graphviz = await loading;
   phases.graphviz = performance.now();
   await render("open");

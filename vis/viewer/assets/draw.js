@@ -140,6 +140,7 @@ function annotate(svg, built) {
 
 function setStatus(text, isError) {
   ui.status.textContent = text;
+  ui.status.title = text;  // the whole message, where the fixed-width line cuts it
   ui.status.classList.toggle("error", Boolean(isError));
 }
 

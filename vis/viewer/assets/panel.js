@@ -20,7 +20,7 @@ function humanSize(bytes) {
 }
 
 function num(value) {
-  if (value === null || value === undefined) return "–";
+  if (value === null || value === undefined) return "\u2013";
   if (Number.isInteger(value)) return String(value);
   const abs = Math.abs(value);
   return abs !== 0 && (abs < 1e-3 || abs >= 1e5) ? value.toExponential(4) : value.toPrecision(5);
@@ -68,7 +68,7 @@ function statsHtml(p) {
 }
 
 function passRows(p) {
-  const modules = p.modules.length ? p.modules.map(moduleLink).join(" ‹ ") : "(top level)";
+  const modules = p.modules.length ? p.modules.map(moduleLink).join(" \u2039 ") : "(top level)";
   return rows([
     ["function", `<code>${esc(p.func)}</code>`],
     ["kind", esc(p.kind) + (p.inplace ? " (in-place)" : "")],
@@ -83,7 +83,7 @@ function passRows(p) {
     ["output of call", p.callOf ? `${link(p.callOf)} (output ${passIndexInCall(p) + 1})` : null],
     ["call site", siteHtml(p.site)],
     ["params", p.params ? p.params.map(([a, s, n]) => `<code>${esc(a)}</code> ${esc(shapeText(s))}, ${n}`).join("<br>") : null],
-    ["time", p.timeUs ? `${p.timeUs} µs` : null],
+    ["time", p.timeUs ? `${p.timeUs} \u00b5s` : null],
     ["parents", p.parents.length ? p.parents.map(([l, arg]) => link(l) + (arg ? ` <small>(${esc(arg)})</small>` : "")).join("<br>") : "none"],
     ["children", p.children.length ? p.children.map((l) => link(l)).join("<br>") : "none"],
     ["gradient", p.grad ? `${esc(shapeText(p.grad.shape))}, norm ${num(p.grad.norm)}` : null],
