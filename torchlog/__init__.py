@@ -30,6 +30,8 @@ from torchlog.options import LogOptions
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
 from torchlog.replay import validate_saved_activations
 from torchlog.comparison import Comparison, compare, find_nonfinite
+from torchlog import interventions, patching, select
+from torchlog.errors import InterventionError
 
 __version__ = "0.1.0"
 
@@ -77,6 +79,7 @@ __all__ = [
     "InvalidArgumentTypeError", "ModelInputError", "NondeterministicModelError", "NestedLoggingError",
     "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
     "LogFilePermissionError", "IncompleteLogWarning", "lint", "LintError",
-    "OpSequenceChangedWarning", "DistributedExtractError",
+    "OpSequenceChangedWarning", "DistributedExtractError", "InterventionError", "interventions",
+    "patching", "select",
     "compare", "Comparison", "ComparisonError", "find_nonfinite",
 ]

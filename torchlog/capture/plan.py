@@ -18,7 +18,7 @@ import torch
 
 from torchlog.select import OpView
 
-__all__ = ["Act", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "substitute"]
+__all__ = ["Act", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "substitute", "unfit"]
 
 
 class Firing(NamedTuple):
@@ -114,3 +114,16 @@ def substitute(value: Any, old: torch.Tensor, new: torch.Tensor) -> Any:
             copy[key] = substitute(item, old, new)
         return copy
     return value
+
+
+def unfit(new: Any, value: torch.Tensor) -> str | None:
+    """Why `new` cannot replace `value` (in words), or None when it can."""
+    if not isinstance(new, torch.Tensor):
+        return f"returned {type(new).__name__} {new!r:.60}, not a tensor"
+    if new.shape != value.shape:
+        return f"returned shape {tuple(new.shape)} for a value of shape {tuple(value.shape)}"
+    if new.dtype != value.dtype:
+        return f"returned dtype {new.dtype} for a value of dtype {value.dtype}"
+    if new.device != value.device:
+        return f"returned a tensor on {new.device} for a value on {value.device}"
+    return None

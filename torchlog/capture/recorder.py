@@ -17,7 +17,7 @@ from torchlog.capture.functionals import run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
-from torchlog.capture.plan import Act, Firing, StopCapture, substitute
+from torchlog.capture.plan import Act, Firing, StopCapture, substitute, unfit
 from torchlog.errors import InterventionError
 from torchlog.labels import layer_type_of
 from torchlog.select import OpView
@@ -71,19 +71,6 @@ def _layer_type(name: str) -> str:
     if found is None:
         found = _LAYER_TYPES[name] = layer_type_of(name)
     return found
-
-
-def _unfit(new: Any, value: torch.Tensor) -> str | None:
-    """Why `new` cannot replace `value` (in words), or None when it can."""
-    if not isinstance(new, _Tensor):
-        return f"returned {type(new).__name__} {new!r:.60}, not a tensor"
-    if new.shape != value.shape:
-        return f"returned shape {tuple(new.shape)} for a value of shape {tuple(value.shape)}"
-    if new.dtype != value.dtype:
-        return f"returned dtype {new.dtype} for a value of dtype {value.dtype}"
-    if new.device != value.device:
-        return f"returned a tensor on {new.device} for a value on {value.device}"
-    return None
 
 
 def _max_change(old: torch.Tensor, new: torch.Tensor) -> float:
@@ -823,7 +810,7 @@ class Recorder:
                     f"{where}: {exc}")
                 error.__cause__ = exc
                 raise StopCapture(error) from exc
-            problem = _unfit(new, value)
+            problem = unfit(new, value)
             if problem is not None:
                 raise StopCapture(InterventionError(
                     f"the action {act.action!r} of site {act.site!r} {problem} {where}; an action "

@@ -1,0 +1,112 @@
+"""Patched runs: the corrupted input run with clean values written into chosen passes, as cheaply as possible.
+
+A pass that is a module call's output is patched by a forward hook on that module (the
+way a plain-PyTorch user would, and the cheapest); any other pass by the lean capture,
+which counts ops as capture numbers them and replaces the output of the chosen calls
+(`capture/lean.py`). Hooks are removed and the mode popped however the run ends.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlog.capture.lean import run_lean
+from torchlog.capture.nesting import find_tensors
+from torchlog.capture.plan import Act, Firing, OpPlan, substitute
+from torchlog.errors import InterventionError
+from torchlog.records import PassRecord
+
+__all__ = ["Edit", "Target", "run_patched"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A pass of the clean run that patches write into."""
+
+    site: Any  # the site it was found by, as given
+    record: PassRecord  # the pass, in the clean run's metadata-only log
+    module_call: tuple[str, int] | None  # (address, call) whose first output it is, or None
+    call: tuple[int, int] | None  # (call number, output index) of the op that made it
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """One change in one run: `fn(value) -> new value` at `target`."""
+
+    target: Target
+    fn: Callable[[torch.Tensor], torch.Tensor]
+
+
+def run_patched(model: nn.Module, args: tuple, kwargs: dict, edits: Sequence[Edit],
+                named_modules: dict[str, nn.Module]) -> Any:
+    """Run `model(*args, **kwargs)` with every edit applied; return its output.
+
+    Raises:
+        InterventionError: an edited pass was not reached (the run called a module fewer
+            times, or ran fewer ops), or an edit's value does not fit.
+        Whatever the model raises.
+    """
+    by_module: dict[str, dict[int, list[Edit]]] = {}
+    by_call: dict[tuple[int, int], list[Edit]] = {}
+    for edit in edits:
+        if edit.target.module_call is not None:
+            address, call = edit.target.module_call
+            by_module.setdefault(address, {}).setdefault(call, []).append(edit)
+        else:
+            by_call.setdefault(edit.target.call, []).append(edit)
+    reached: set[int] = set()
+    handles = [named_modules[address].register_forward_hook(_hook(calls, reached))
+               for address, calls in by_module.items()]
+    try:
+        if by_call:
+            plan = OpPlan(at_calls={position: (edits[0].target.record.op_index, edits[0].target.record.label,
+                                               (Act(0, edits[0].target.site, _lean_action(edits, reached)),))
+                                    for position, edits in by_call.items()})
+            output = run_lean(model, args, kwargs, {}, plan=plan).output
+        else:
+            output = model(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [edit for edit in edits if id(edit) not in reached]
+    if missing:
+        record = missing[0].target.record
+        raise InterventionError(
+            f"the patched run never reached pass {record.label!r} (site {missing[0].target.site!r}): "
+            "the corrupted input ran other ops or module calls than the clean one there")
+    return output
+
+
+def _hook(calls: dict[int, list[Edit]], reached: set[int]) -> Callable:
+    seen = [0]
+
+    def patch(module: nn.Module, args: Any, output: Any) -> Any:
+        seen[0] += 1
+        edits = calls.get(seen[0])
+        if not edits:
+            return None
+        tensors = find_tensors(output)
+        if not tensors:
+            return None
+        old = new = tensors[0][0]
+        with torch._C.DisableTorchFunction():  # under the lean capture, a patch's ops are not the model's
+            for edit in edits:
+                new = edit.fn(new)
+                reached.add(id(edit))
+        return substitute(output, old, new)
+
+    return patch
+
+
+def _lean_action(edits: list[Edit], reached: set[int]) -> Callable[[torch.Tensor, Firing], torch.Tensor]:
+    def act(value: torch.Tensor, firing: Firing) -> torch.Tensor:
+        for edit in edits:
+            value = edit.fn(value)
+            reached.add(id(edit))
+        return value
+
+    return act
