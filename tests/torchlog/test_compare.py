@@ -13,6 +13,7 @@ import torchlog
 from tests.models import TINY_MODELS
 from torchlog.comparison import Difference, Status, Tolerance, align, difference, first_nonfinite
 from torchlog.comparison.report import source_line
+from torchlog.comparison.statuses import random_draws
 from torchlog.comparison.tolerances import default_tolerance, precision_of
 
 
@@ -239,6 +240,27 @@ class Filled(nn.Module):
         scratch = torch.empty_like(x)
         scratch.fill_(self.value)
         return x + scratch
+
+
+class Draws(nn.Module):
+    def __init__(self, training: bool) -> None:
+        super().__init__()
+        self.dropping = training
+
+    def forward(self, x):
+        first, second = torch.randn(2, 3).unbind(0)  # unbind: two outputs of one call, no draw
+        dropped = F.dropout(x * 2, 0.5, training=self.dropping)
+        kept, mask = torch.native_dropout(x, 0.5, True)  # one call drawing, two outputs
+        return dropped + first + second + kept * mask
+
+
+def test_random_draws_by_rng_state_and_by_name() -> None:
+    x = torch.randn(3)
+    drawing = {"randn_1_1", "dropout_1_5", "nativedropout_1_6", "nativedropout_2_7"}
+    assert random_draws(_log(Draws(True), x, save_function_args=True)) == drawing
+    assert random_draws(_log(Draws(True), x)) == drawing
+    assert random_draws(_log(Draws(False), x, save_function_args=True)) == drawing - {"dropout_1_5"}
+    assert random_draws(_log(Draws(False), x)) == drawing  # by name: a dropout may draw
 
 
 def test_op_filling_an_empty_tensor_is_the_origin_of_what_it_fills_in() -> None:

@@ -5,10 +5,10 @@ from typing import Any
 
 from torchlog.comparison.align import Pair, align
 from torchlog.comparison.difference import SAME
-from torchlog.comparison.result import Comparison
 from torchlog.comparison.held_values import HeldValues
 from torchlog.comparison.local_error import LocalErrors
 from torchlog.comparison.origins import find_origins
+from torchlog.comparison.result import Comparison
 from torchlog.comparison.rows import Row, Status
 from torchlog.comparison.statuses import judge, random_draws
 from torchlog.comparison.tolerances import Tolerance, check_tolerance, default_tolerance, working_precision
@@ -103,9 +103,9 @@ def _rows(pairs: list[Pair], runs: tuple[ModelHistory, ModelHistory],
             rows.append(_unpaired(index, x, y))
             continue
         tolerance = _tolerance(x, y, precision[0][x.label], precision[1][y.label], given)
-        random = (x.label in drew[0] or y.label in drew[1]) and all(
+        drawn = (x.label in drew[0] or y.label in drew[1]) and all(
             status_of.get(label, Status.MATCH) == Status.MATCH for label in x.parent_labels)
-        status, diff, value_a = judge(x, y, tolerance, random)
+        status, diff, value_a = judge(x, y, tolerance, drawn)
         held.keep(x, value_a)
         if diff == SAME:
             local.note_exact(y)

@@ -33,15 +33,24 @@ def is_undefined(record: PassRecord) -> bool:
 def random_draws(passes: Sequence[PassRecord]) -> set[str]:
     """Labels of the passes that drew random numbers.
 
-    With recorded RNG states (save_function_args=True) an op drew when the state after it
-    (the next op's) differs from its own; otherwise, and for the last op, by its name.
+    With recorded RNG states (save_function_args=True) a call drew when the state before
+    the next call differs from its own (the outputs of one call share its state);
+    otherwise, and for the last call, by the function's name.
     """
+    calls: list[list[PassRecord]] = []
+    for record in passes:
+        if record.rng_state is None:
+            continue
+        if record.output_index == 0 or not calls:
+            calls.append([record])
+        else:
+            calls[-1].append(record)  # a further output of the same call
     drew: set[str] = set()
-    states = [(record, record.rng_state) for record in passes if record.rng_state is not None]
-    for (record, state), (_, after) in zip(states, states[1:]):
-        if state is not after and not _same_state(state, after):
-            drew.add(record.label)
-    known = {record.label for record, _ in states[:-1]}
+    for call, after in zip(calls, calls[1:]):
+        state, later = call[0].rng_state, after[0].rng_state
+        if state is not later and not _same_state(state, later):
+            drew.update(record.label for record in call)
+    known = {record.label for call in calls[:-1] for record in call}
     drew.update(r.label for r in passes if r.label not in known and r.func_name in RANDOM_OPS)
     return drew
 
