@@ -157,9 +157,13 @@ def _asset(name: str) -> str:
     return (root / folder / name).read_text(encoding="utf-8")
 
 
+@lru_cache(maxsize=None)
 def viewer_script() -> str:
-    """The viewer's JavaScript: its parts inside one strict function."""
+    """The viewer's JavaScript: its parts inside one strict function, without the comment
+    lines and indentation that are there for its readers (a sixth of its size)."""
     body = "\n".join(_asset(name) for name in SCRIPT_PARTS)
+    lines = (line.strip() for line in body.splitlines())
+    body = "\n".join(line for line in lines if line and not line.startswith("//"))
     return f'(function () {{\n"use strict";\n{body}\n}})();\n'
 
 
