@@ -176,10 +176,22 @@ def test_positions_out_of_range_are_named() -> None:
         sweep(model, clean, corrupted, ["blocks.0"], _metric, positions=[5], progress=False)
 
 
-def test_inputs_whose_runs_differ_before_a_site_are_refused() -> None:
+def test_inputs_whose_runs_differ_at_a_site_are_refused() -> None:
     model, clean, _ = _setup()
-    with pytest.raises(InterventionError, match=r"the corrupted input runs other ops than the clean one before site 'blocks.1'"):
+    with pytest.raises(InterventionError, match=r"site 'blocks.1'.*shape \(1, 5, 6\) in the clean run and \(1, 6, 6\) in the corrupted"):
         sweep(model, clean, torch.randn(1, 6, 4), ["blocks.1"], _metric, progress=False)
+
+    class Branches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = torch.relu(x) if x.sum() > 0 else torch.sigmoid(x)
+            return self.fc(h)
+
+    with pytest.raises(InterventionError, match=r"before site 'fc': call 3 is 'relu' in the clean run and 'sigmoid'"):
+        sweep(Branches(), torch.ones(1, 3), -torch.ones(1, 3), ["fc"], lambda out: out.sum(), progress=False)
 
 
 def test_a_site_that_matches_nothing_is_an_error() -> None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
+from torchlog.capture.lean import call_names, run_lean
 from torchlog.capture.nesting import find_tensors
 from torchlog.errors import InterventionError, InvalidArgumentTypeError, InvalidOptionError
 from torchlog.history import ModelHistory, all_passes
@@ -120,17 +121,29 @@ def prepare_sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any,
         raise InvalidOptionError("sites is empty; give a site or a list of sites")
     probe = log_forward_pass(model, clean, kwargs, layers_to_save=None, random_seed=0)
     targets = find_targets(probe, site_list)
-    saved = log_forward_pass(model, clean, kwargs, layers_to_save=[t.record.label for t in targets],
-                             random_seed=0)
-    clean_values = {t.record.label: saved[t.record.label].tensor_contents.detach() for t in targets}
-    corrupted_probe = log_forward_pass(model, corrupted, kwargs, layers_to_save=None, random_seed=0)
-    _check_same_ops(probe, corrupted_probe, targets)
     clean_args, corrupted_args = positional_args(model, clean), positional_args(model, corrupted)
-    with torch.no_grad(), model_kept(list(model.named_modules())):
-        clean_metric = number(metric(model(*clean_args, **kwargs)), "metric(clean output)")
-        corrupted_metric = number(metric(model(*corrupted_args, **kwargs)), "metric(corrupted output)")
+    # The clean values and both metrics from two lean passes (not logged passes): a lean
+    # pass counts calls as capture numbers them and copies the chosen outputs.
+    wanted: dict[int, tuple[int, ...]] = {}
+    for target in targets:
+        call, index = target.call
+        wanted[call] = wanted.get(call, ()) + (index,)
+    named = list(model.named_modules())
+    with torch.no_grad(), model_kept(named):
+        clean_pass = run_lean(model, clean_args, kwargs, wanted)
+        corrupted_pass = run_lean(model, corrupted_args, kwargs, wanted)
+    clean_values = {t.record.label: clean_pass.saved[t.call] for t in targets}
+    _check_same_calls(probe, call_names(clean_pass.calls), call_names(corrupted_pass.calls), targets)
+    for target in targets:
+        want, got = tuple(clean_values[target.record.label].shape), tuple(corrupted_pass.saved[target.call].shape)
+        if want != got:
+            raise InterventionError(
+                f"site {target.site!r}'s pass {target.record.label!r} has shape {want} in the clean run and "
+                f"{got} in the corrupted one; patching needs inputs whose runs have the same shapes there")
+    clean_metric = number(metric(clean_pass.output), "metric(clean output)")
+    corrupted_metric = number(metric(corrupted_pass.output), "metric(corrupted output)")
     return Setup(model, clean_args, corrupted_args, kwargs, targets, clean_values, clean_metric,
-                 corrupted_metric, probe, dict(model.named_modules()))
+                 corrupted_metric, probe, dict(named))
 
 
 def find_targets(history: ModelHistory, sites: list) -> list[Target]:
@@ -179,17 +192,20 @@ def _module_call(history: ModelHistory, record: Any) -> tuple[str, int] | None:
     return None
 
 
-def _check_same_ops(clean: ModelHistory, corrupted: ModelHistory, targets: list[Target]) -> None:
-    a, b = all_passes(clean), all_passes(corrupted)
-    last = max(t.record.op_index for t in targets)
-    for k in range(last + 1):
-        if k >= len(b) or a[k].func_name != b[k].func_name or a[k].tensor_meta.shape != b[k].tensor_meta.shape:
-            site = next(t.site for t in targets if t.record.op_index >= k)
-            got = f"{b[k].label!r} {tuple(b[k].tensor_meta.shape)}" if k < len(b) else "nothing"
+def _check_same_calls(probe: ModelHistory, clean: list, corrupted: list, targets: list[Target]) -> None:
+    """Refuse when the corrupted input runs other ops than the clean one before a site."""
+    last = max(t.call[0] for t in targets)
+    # A call list holds a name per call and, after a multi-output call, its count.
+    names_clean = [c for c in clean if not isinstance(c, int)]
+    names_corrupted = [c for c in corrupted if not isinstance(c, int)]
+    for k in range(last):
+        if k >= len(names_corrupted) or names_clean[k] != names_corrupted[k]:
+            site = next(t.site for t in targets if t.call[0] > k)
+            got = repr(names_corrupted[k]) if k < len(names_corrupted) else "nothing"
             raise InterventionError(
-                f"the corrupted input runs other ops than the clean one before site {site!r}: op {k} "
-                f"is {a[k].label!r} {tuple(a[k].tensor_meta.shape)} in the clean run and {got} in the "
-                "corrupted one; patching needs the same ops (same shapes) up to each site")
+                f"the corrupted input runs other ops than the clean one before site {site!r}: call "
+                f"{k + 1} is {names_clean[k]!r} in the clean run and {got} in the corrupted one; "
+                "patching needs the same ops up to each site")
 
 
 def _check_positions(setup: Setup, positions: Sequence[int] | None, position_dim: int) -> None:
