@@ -564,3 +564,40 @@ def test_a_call_returning_a_tuple_is_one_node(driver, tmp_path):
         "return [...document.querySelectorAll('#torchlog-graph g.node')].map(g => g.textContent)")
     assert sum("lstmcell" in t for t in rolled) == 1
     assert any("(x3)" in t and "2 outputs" in t for t in rolled)
+
+
+class _CatFails(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.join = _Join()
+
+    def forward(self, x):
+        return self.join(self.fc(x))
+
+
+class _Join(nn.Module):
+    def forward(self, y):
+        z = torch.relu(y)
+        return torch.cat([z, y.unsqueeze(0)])  # a 2-D and a 3-D tensor
+
+
+def test_the_crash_node_says_what_raised_with_which_inputs_and_search_finds_it(driver, tmp_path):
+    with pytest.raises(RuntimeError) as caught:
+        torchlog.log_forward_pass(_CatFails(), torch.randn(2, 4))
+    history = caught.value.torchlog_history
+    relu, unsqueeze = history.info.failed_parents
+    _open(driver, history, tmp_path, depth=None)
+    failed = '#torchlog-graph g.node[data-failed]'
+    text = driver.execute_script(f"return document.querySelector('{failed}').textContent")
+    assert "cat raised RuntimeError" in text and "inputs: (2, 4), (1, 2, 4)" in text
+    assert _inside(driver, failed, '#torchlog-graph g.cluster[data-module="join"]')
+    run_and_wait(driver, "await window.torchlogViewer.setDepth(1);")  # join collapsed
+    box = driver.find_element("css selector", "#torchlog-search")
+    box.send_keys("cat\n")
+    wait_for(driver, "return document.querySelector('#torchlog-panel h2')?.textContent === 'forward pass failed'")
+    assert _modules(driver)["join:1"] == "true" and _inside(driver, failed, '[data-module="join"]')
+    rows = _panel_rows(driver)
+    assert rows["function"] == "cat" and rows["in module"] == "join:1"
+    assert rows["inputs"] == f"0: {relu} (2, 4), float32" f"1: {unsqueeze} (1, 2, 4), float32"  # <br> apart
+    assert "match 1 of 1" in driver.find_element("id", "torchlog-status").text

@@ -25,9 +25,10 @@ from torchlog.vis.style import (
     NODE_STYLES, kind_of,
 )
 from torchlog.vis.text import (
-    MAX_SHAPES_SHOWN, arg_text, caption_lines, failure_lines, layer_lines, pass_lines, passes_text,
+    MAX_SHAPES_SHOWN, arg_text, caption_lines, layer_lines, pass_lines, passes_text,
     shape_text,
 )
+from torchlog.vis.viewer.failure import failure_entry
 from torchlog.vis.viewer.outputs import call_lines, call_outputs
 from torchlog.vis.viewer.plumbing import PlumbingScope, plumbing_scopes
 from torchlog.vis.viewer.stats import tensor_stats_all
@@ -66,7 +67,7 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
         "layers": [_layer_entry(layer, layers) for layer in history.layers],
         "calls": (calls := _module_calls(history, scopes, plumbing)),
         "modules": _modules(history, calls, plumbing),
-        "failure": _failure(history),
+        "failure": failure_entry(history),
         "dot": _dot_styles(),
     }
 
@@ -303,12 +304,3 @@ def _box_lines(title: str, module: ModuleRecord | None, inputs: list[list[int]],
     if module is not None and module.num_params:
         lines.append(f"params: {module.num_params:,}")
     return lines
-
-
-def _failure(history: "ModelHistory") -> dict[str, Any] | None:
-    """Where a partial history stopped: the text and the inputs of the op that raised."""
-    info = history.info
-    if not info.is_partial:
-        return None
-    return {"text": info.failure or "the forward pass raised here", "error": info.error,
-            "lines": list(failure_lines(info.failure)), "parents": list(info.failed_parents)}

@@ -87,9 +87,23 @@ function placement() {
     units.get(key).members.push(p);
   }
   if (DATA.failure) {
-    units.set(FAILED_KEY, { key: FAILED_KEY, kind: "failed", boxes: [], members: [] });
+    units.set(FAILED_KEY, { key: FAILED_KEY, kind: "failed", boxes: failureBoxes(), members: [] });
   }
   return { units, unitOf };
+}
+
+// The op that raised sits in the module call it ran in, as deep as that is open.
+function failureChain() {
+  const call = DATA.failure && DATA.failure.module;
+  if (!call) return [];
+  const key = state.mode === "rolled" ? call.slice(0, call.lastIndexOf(":")) : call;
+  return moduleChains[state.mode].get(key) || [];
+}
+
+function failureBoxes() {
+  const chain = failureChain();
+  const open = chain.findIndex((key) => !state.expanded.has(key));
+  return open === -1 ? chain : chain.slice(0, open);
 }
 
 function unitKey(p, rolled, units) {

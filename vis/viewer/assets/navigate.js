@@ -119,15 +119,29 @@ function searchTargets(text) {
   if (asModule !== null) exact.push({ module: asModule });
   if (exact.length) return exact;
   const lower = q.toLowerCase();
+  const failed = DATA.failure && (lower === (DATA.failure.func || "").toLowerCase() ||
+    ["failed", "failure", "error", "raised"].includes(lower)) ? [{ failed: true }] : [];
   const found = [];
   for (const p of DATA.passes) {
     if (p.func.toLowerCase() === lower || p.type === lower || p.label.startsWith(q)) found.push({ label: p.label });
   }
-  if (!found.length) {
+  if (!found.length && !failed.length) {
     for (const key of moduleKeys.keys()) if (key.includes(q)) found.push({ module: key });
     for (const p of DATA.passes) if (p.label.includes(q) || p.func.toLowerCase().includes(lower)) found.push({ label: p.label });
   }
-  return found;
+  return failed.concat(found);
+}
+
+// Show the op that raised: open the modules around it, centre it, open its panel.
+async function goToFailure() {
+  let changed = false;
+  for (const key of failureChain()) if (!state.expanded.has(key)) { state.expanded.add(key); changed = true; }
+  if (changed) { await render("go to the failure"); fit(); }
+  const target = state.drawn.svg.getElementById(state.drawn.built.nodeId.get(FAILED_KEY));
+  select(FAILED_KEY);
+  flash(target);
+  centerOn(target);
+  return true;
 }
 
 async function runSearch() {
@@ -137,7 +151,7 @@ async function runSearch() {
   lastSearch.index = lastSearch.text === text ? (lastSearch.index + 1) % targets.length : 0;
   lastSearch.text = text;
   const target = targets[lastSearch.index];
-  const ok = target.label ? await goTo(target.label) : await goToModule(target.module);
+  const ok = target.failed ? await goToFailure() : target.label ? await goTo(target.label) : await goToModule(target.module);
   setStatus(`match ${lastSearch.index + 1} of ${targets.length} for ${JSON.stringify(text)}`);
   return ok;
 }

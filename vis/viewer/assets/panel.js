@@ -134,9 +134,12 @@ function showModule(moduleKey) {
 
 function showFailure() {
   const f = DATA.failure;
+  const inputs = f.args.map(([l, shape, dtype], i) => `${i}: ${link(l)} <small>${esc(shapeText(shape))}, ${esc(dtype)}</small>`);
   ui.panel.innerHTML = `<h2 class="error">forward pass failed</h2>` +
     `<p class="error">${esc(f.text)}</p>` + (f.error ? `<pre class="error">${esc(f.error)}</pre>` : "") +
-    rows([["inputs", f.parents.length ? f.parents.map((l) => link(l)).join("<br>") : "none"]]);
+    rows([["function", f.func ? `<code>${esc(f.func)}</code>` : "(Python code between ops)"],
+      ["in module", f.module ? moduleLink(f.module) : "(top level)"],
+      ["inputs", inputs.length ? inputs.join("<br>") : "none"]]);
 }
 
 function onPanelClick(ev) {
