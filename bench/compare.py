@@ -1,7 +1,9 @@
 """Before/after table from two `bench/run.py --json` files (and optionally two storage_bench ones).
 
-Run: .venv/bin/python bench/compare.py bench/results/before.json bench/results/after.json
-     [--storage bench/results/before-storage.json bench/results/after-storage.json]
+Run: .venv/bin/python bench/compare.py bench/results/log-cost-675bdbd-cpu-unrecorded-2cores-2.json \
+         bench/results/log-cost-5bb4f57-cpu-unrecorded-2cores.json \
+     [--storage bench/results/save-to-675bdbd-cpu-unrecorded-2cores-2.json \
+         bench/results/save-to-5bb4f57-cpu-unrecorded-2cores.json]
 Prints a Markdown table per model (plain ms, log ms, ratio, us/op, TorchLens factor,
 held MB against its limit, before -> after) and the fixed costs per call, each from the
 files' own settings; it warns when the two runs differ in clock or threads, whose figures
