@@ -7,6 +7,7 @@ reading of the history's module chains.
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -601,3 +602,52 @@ def test_the_crash_node_says_what_raised_with_which_inputs_and_search_finds_it(d
     assert rows["function"] == "cat" and rows["in module"] == "join:1"
     assert rows["inputs"] == f"0: {relu} (2, 4), float32" f"1: {unsqueeze} (1, 2, 4), float32"  # <br> apart
     assert "match 1 of 1" in driver.find_element("id", "torchlog-status").text
+
+
+def _search(driver, text: str) -> None:
+    box = driver.find_element("css selector", "#torchlog-search")
+    box.clear()
+    box.send_keys(text + "\n")
+    wait_for(driver, "return document.getElementById('torchlog-status').textContent"
+                     f".endsWith({json.dumps(json.dumps(text))})")
+
+
+def _results(driver) -> list[str]:
+    return driver.execute_script(
+        "const list = document.getElementById('torchlog-results');"
+        "return list.hidden ? [] : [...list.querySelectorAll('li')].map(li => li.textContent);")
+
+
+@pytest.mark.heavy
+def test_query_search_scopes_by_module_lists_results_and_keeps_the_selection_in_the_url(
+        driver, gpt2_history, tmp_path):
+    from torchlog.statistics import summarize
+
+    history = gpt2_history
+    softmaxes = [r for r in history if r.func_name == "softmax"]
+    in_h1 = [r.label for r in softmaxes if "h.1.attn:1" in r.containing_modules]
+    assert len(softmaxes) == 2 and len(in_h1) == 1
+    _open(driver, history, tmp_path, depth=1)
+    for query in ("h.1.attn/softmax", "h.1.attn softmax", "in:h.1 func:softmax"):
+        _search(driver, query)
+        assert _panel_title(driver) == in_h1[0] and "match 1 of 1" in driver.find_element("id", "torchlog-status").text
+        assert _results(driver) == []  # one result: no list needed
+    _search(driver, "func:softmax shape:(1, 2, 12, 12)")
+    listed = _results(driver)
+    assert [text.split(" ")[0] for text in listed] == [r.label for r in softmaxes]
+    assert listed[1] == f"{softmaxes[1].label} h.1 \u203a h.1.attn (1, 2, 12, 12)"
+    driver.find_element("css selector", "#torchlog-results li[data-index='1']").click()
+    wait_for(driver, f"return document.querySelector('#torchlog-panel h2').textContent === {softmaxes[1].label!r}")
+    assert driver.execute_script("return location.hash") == "#" + softmaxes[1].label
+    # Statistics: exactly the ops whose share of zeros is above 0.3.
+    zeros = [r.label for r in history if r.has_saved_tensor and summarize(r.tensor_contents).zeros > 0.3]
+    _search(driver, "zeros>0.3")
+    assert len(zeros) > 1 and [text.split(" ")[0] for text in _results(driver)] == zeros
+    _search(driver, "nan>0")
+    assert "nothing matches" in driver.find_element("id", "torchlog-status").text
+    # The address with the hash opens on that selection.
+    url = Path(tmp_path / "page.html").resolve().as_uri() + "#" + softmaxes[1].label
+    driver.get("about:blank")
+    driver.get(url)
+    wait_for(driver, "return document.body.dataset.ready")
+    assert _panel_title(driver) == softmaxes[1].label and _modules(driver)["h.1.attn:1"] == "true"

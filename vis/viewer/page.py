@@ -38,8 +38,8 @@ NOTEBOOK_HEIGHT_PX = 640
 MIN_HEIGHT_PX = 240
 # The page's script, in order. The parts share one function scope (state, helpers), so
 # the page stays a classic inline script: notebooks may refuse modules and blob URLs.
-SCRIPT_PARTS = ("graph.js", "draw.js", "overview.js", "motion.js", "navigate.js", "panel.js",
-                "controls.js")
+SCRIPT_PARTS = ("graph.js", "draw.js", "overview.js", "motion.js", "navigate.js", "search.js",
+                "panel.js", "controls.js")
 
 
 class ViewerPage(str):

@@ -102,6 +102,7 @@ function installControls() {
   window.addEventListener("resize", () => state.view && fit());
   installPanZoom();
   installOverview();
+  installResults();
 }
 
 const OPEN_SCALE = 0.5;
@@ -127,6 +128,7 @@ async function start() {
     await render("open at depth " + state.depth);
   }
   if (DATA.view.focus) await goTo(DATA.view.focus);
+  else if (await openFromHash()) setStatus("opened at " + location.hash);
   else if (DATA.failure) select(FAILED_KEY);
   window.torchlogViewer.openedMs = phases.drawn = performance.now();
   document.body.dataset.ready = "true";

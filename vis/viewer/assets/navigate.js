@@ -1,5 +1,5 @@
-// Moving around: clicks that select, expand and collapse, going to a label or module,
-// and search.
+// Moving around: clicks that select, expand and collapse, going to a label, module or the
+// op that raised.
 // ----- clicks: select, expand, collapse -------------------------------------------------------
 function onClick(ev) {
   if (ui.graph.dataset.justDragged) { delete ui.graph.dataset.justDragged; return; }
@@ -54,6 +54,7 @@ function focusModule(moduleKey) {
 function select(key, shown) {
   state.selected = key;
   showPath(key);
+  storeSelection(key);
   const svg = state.drawn && state.drawn.svg;
   if (svg) {
     svg.querySelectorAll(".torchlog-selected").forEach((g) => g.classList.remove("torchlog-selected"));
@@ -106,32 +107,6 @@ async function goToModule(moduleKey) {
   return true;
 }
 
-// ----- search ----------------------------------------------------------------------------------
-let lastSearch = { text: null, index: -1 };
-
-function searchTargets(text) {
-  const q = text.trim();
-  if (!q) return [];
-  const exact = [];
-  if (passByLabel.has(q) || layerByLabel.has(q)) exact.push({ label: q });
-  const moduleKeys = moduleDepth[state.mode];
-  const asModule = moduleKeyOf(q);
-  if (asModule !== null) exact.push({ module: asModule });
-  if (exact.length) return exact;
-  const lower = q.toLowerCase();
-  const failed = DATA.failure && (lower === (DATA.failure.func || "").toLowerCase() ||
-    ["failed", "failure", "error", "raised"].includes(lower)) ? [{ failed: true }] : [];
-  const found = [];
-  for (const p of DATA.passes) {
-    if (p.func.toLowerCase() === lower || p.type === lower || p.label.startsWith(q)) found.push({ label: p.label });
-  }
-  if (!found.length && !failed.length) {
-    for (const key of moduleKeys.keys()) if (key.includes(q)) found.push({ module: key });
-    for (const p of DATA.passes) if (p.label.includes(q) || p.func.toLowerCase().includes(lower)) found.push({ label: p.label });
-  }
-  return failed.concat(found);
-}
-
 // Show the op that raised: open the modules around it, centre it, open its panel.
 async function goToFailure() {
   let changed = false;
@@ -142,30 +117,4 @@ async function goToFailure() {
   flash(target);
   centerOn(target);
   return true;
-}
-
-async function runSearch() {
-  const text = ui.search.value;
-  const targets = searchTargets(text);
-  if (!targets.length) { setStatus(`nothing matches ${JSON.stringify(text)}`, true); return false; }
-  lastSearch.index = lastSearch.text === text ? (lastSearch.index + 1) % targets.length : 0;
-  lastSearch.text = text;
-  const target = targets[lastSearch.index];
-  const ok = target.failed ? await goToFailure() : target.label ? await goTo(target.label) : await goToModule(target.module);
-  setStatus(`match ${lastSearch.index + 1} of ${targets.length} for ${JSON.stringify(text)}`);
-  return ok;
-}
-
-function fillSearchList() {
-  const options = new Set();
-  for (const p of DATA.passes) { options.add(p.label); options.add(p.func); }
-  for (const key of Object.keys(DATA.modules)) options.add(key);
-  const list = el("torchlog-search-list");
-  const fragment = document.createDocumentFragment();
-  [...options].slice(0, 5000).forEach((value) => {
-    const option = document.createElement("option");
-    option.value = value;
-    fragment.appendChild(option);
-  });
-  list.appendChild(fragment);
 }

@@ -113,6 +113,7 @@ function showLayer(layer) {
 
 function showModule(moduleKey) {
   showPath(moduleKey);
+  storeSelection(MODULE_PREFIX + moduleKey);
   const rolled = state.mode === "rolled";
   const call = rolled ? null : DATA.calls[moduleKey];
   const address = rolled ? moduleKey : (call ? call.address : moduleKey);
