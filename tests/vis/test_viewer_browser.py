@@ -651,3 +651,50 @@ def test_query_search_scopes_by_module_lists_results_and_keeps_the_selection_in_
     driver.get(url)
     wait_for(driver, "return document.body.dataset.ready")
     assert _panel_title(driver) == softmaxes[1].label and _modules(driver)["h.1.attn:1"] == "true"
+
+
+def _fills(driver) -> dict[str, list]:
+    """Drawn node key -> [fill, colour value or None]."""
+    return driver.execute_script(
+        "const out = {}; document.querySelectorAll('#torchlog-graph g.node').forEach(g => {"
+        "  out[g.dataset.key] = [g.querySelector('polygon, ellipse').getAttribute('fill'),"
+        "    g.dataset.colourValue === undefined ? null : Number(g.dataset.colourValue)]; });"
+        "return out;")
+
+
+def test_nodes_take_colours_from_values_given_in_python_and_from_statistics(driver, tmp_path):
+    from torchlog.statistics import summarize
+    from torchlog.vis.viewer import to_html
+
+    history = _nested_history()
+    values = {"linear_1_1": 0.1, "relu_1_2": 0.4, "layernorm_1_4": 2.0, "linear_3_9": 0.25}
+    page = to_html(history, tmp_path / "coloured.html", depth=None, colour_by=values,
+                   colour_legend="rel. diff")
+    open_page(driver, page)
+    assert driver.find_element("id", "torchlog-colour").get_attribute("value") == "custom"
+    legend = driver.find_element("id", "torchlog-legend").text
+    assert legend.startswith("rel. diff") and "0.1" in legend and "2" in legend
+    fills = _fills(driver)
+    assert {k: v for k, (_, v) in fills.items() if v is not None} == values
+    assert fills["layernorm_1_4"][0] == "#7f0000" and fills["linear_1_1"][0] == "#fff7ec"
+    assert fills["add_1_3"][0] == "#f2f2f2"  # no value given
+    lighter = [fills[k][0] for k in sorted(values, key=values.get)]
+    assert lighter == sorted(lighter, key=lambda c: -sum(int(c[i:i + 2], 16) for i in (1, 3, 5)))
+    # A collapsed module takes the largest value among its ops.
+    run_and_wait(driver, "await window.torchlogViewer.setDepth(1);")
+    fills = _fills(driver)
+    assert fills["module block1:1"][1] == 2.0 and fills["module head:1"][1] == 0.25
+    assert fills["module block2:1"] == ["#f2f2f2", None]
+    # A statistic of the saved values, then the kinds again.
+    driver.execute_script("return window.torchlogViewer.setColour('std')")
+    run_and_wait(driver, "await window.torchlogViewer.setDepth(10);")
+    fills = _fills(driver)
+    for record in history:
+        if record.has_saved_tensor and not record.is_buffer:
+            assert fills[record.label][1] == pytest.approx(summarize(record.tensor_contents).std, rel=1e-6)
+    assert driver.find_element("id", "torchlog-legend").text.startswith("std")
+    driver.execute_script("return window.torchlogViewer.setColour('kind')")
+    fills = _fills(driver)
+    assert fills["linear_1_1"] == ["#d3d3d3", None] and fills["input_1_0"] == ["#98fb98", None]
+    assert not driver.find_element("id", "torchlog-legend").is_displayed()
+    _screenshot(driver, "colour_by_kind")

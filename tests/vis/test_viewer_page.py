@@ -43,3 +43,36 @@ def test_the_notebook_frame_has_the_height_asked_and_resizes():
         show(_history(), height=100)
     with pytest.raises(InvalidArgumentTypeError, match="'tall'"):
         show(_history(), height="tall")
+
+
+def test_colour_values_are_checked_and_resolved_to_passes():
+    from torchlog.errors import LayerNotFoundError
+    from torchlog.vis.viewer.colour import colour_data
+
+    history = torchlog.log_forward_pass(_Loop(), torch.ones(1, 2))
+    assert colour_data(history, None, "x") is None
+    resolved = colour_data(history, {"linear_1_1": 3, "linear_1_1:2": -1.5}, None)
+    assert resolved == {"title": "value", "values": {"linear_1_1:1": 3.0, "linear_1_1:2": -1.5,
+                                                     "linear_1_1:3": 3.0}}
+    with pytest.raises(LayerNotFoundError, match="linear_9_9"):
+        colour_data(history, {"linear_9_9": 1.0}, None)
+    with pytest.raises(InvalidOptionError, match=r"colour_by\['linear_1_1'\] is nan"):
+        colour_data(history, {"linear_1_1": float("nan")}, None)
+    with pytest.raises(InvalidArgumentTypeError, match="'big'"):
+        colour_data(history, {"linear_1_1": "big"}, None)
+    with pytest.raises(InvalidArgumentTypeError, match="list"):
+        colour_data(history, [("linear_1_1", 1.0)], None)
+    page = show(history, colour_by={"linear_1_1": 1.0}, colour_legend="effect")
+    data = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
+    assert data["colour"]["title"] == "effect" and len(data["colour"]["values"]) == 3
+
+
+class _Loop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = self.fc(x)
+        return x

@@ -5,7 +5,7 @@ import gc
 import html
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
@@ -18,6 +18,7 @@ from torchlog.errors import (
 )
 from torchlog.vis.options import RenderOptions, check_depth
 from torchlog.vis.placement import place
+from torchlog.vis.viewer.colour import colour_data
 from torchlog.vis.viewer.data import page_data, scope_table
 from torchlog.vis.viewer.outputs import call_outputs
 
@@ -39,7 +40,7 @@ MIN_HEIGHT_PX = 240
 # The page's script, in order. The parts share one function scope (state, helpers), so
 # the page stays a classic inline script: notebooks may refuse modules and blob URLs.
 SCRIPT_PARTS = ("graph.js", "draw.js", "overview.js", "motion.js", "navigate.js", "search.js",
-                "panel.js", "controls.js")
+                "panel.js", "colour.js", "controls.js")
 
 
 class ViewerPage(str):
@@ -174,21 +175,30 @@ def _script_json(data: dict[str, Any]) -> str:
 
 
 def page_html(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
-              focus: str | None = None, with_stats: bool = True) -> ViewerPage:
+              focus: str | None = None, with_stats: bool = True,
+              colour_by: Mapping[str, float] | None = None,
+              colour_legend: str | None = None) -> ViewerPage:
     """The complete viewer page for `history` as one HTML string.
 
     `focus` (any key of the history: a label, `label:pass` or module address) opens the
     page centred on that node, with the modules around it expanded and its panel open.
+    `colour_by` maps labels (a pass, or a layer for all its passes) to numbers; the page
+    then opens with op nodes coloured by them on a scale titled `colour_legend` (see
+    `torchlog.vis.viewer.colour`); a collapsed module or rolled layer takes the value of
+    largest magnitude among its passes.
 
     Raises:
-        InvalidArgumentTypeError: `history` is not a ModelHistory or `depth` not an int.
-        InvalidOptionError: `mode` is not 'unrolled', 'rolled' or None, or `depth` < 1.
-        LayerNotFoundError: `focus` names nothing in the history.
+        InvalidArgumentTypeError: `history` is not a ModelHistory, `depth` not an int, or
+            `colour_by` not a mapping of labels to real numbers.
+        InvalidOptionError: `mode` is not 'unrolled', 'rolled' or None, `depth` < 1, or a
+            `colour_by` value is NaN or infinite.
+        LayerNotFoundError: `focus` or a `colour_by` key names nothing in the history.
         TorchlogError: the history holds no ops.
     """
     _check_history(history)
     _check_mode(mode)
     check_depth(depth, "depth", "a readable default")
+    colour = colour_data(history, colour_by, colour_legend)
     with _collector_paused():
         pick_depth = depth is None
         mode, depth = default_view(history, mode, depth)
@@ -198,6 +208,8 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
         if focus is not None:
             found = history[focus]  # raises LayerNotFoundError listing the closest labels
             data["view"]["focus"] = found.label
+        if colour is not None:
+            data["colour"] = colour
         text = _script_json(data)
     page = Template(_asset("page.html")).substitute(
         title=_ascii_html(history.model_name), style=_asset("viewer.css"),
@@ -240,17 +252,22 @@ def _output_path(path: Any) -> Path:
 
 
 def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None = None,
-            depth: int | None = None, focus: str | None = None) -> str:
+            depth: int | None = None, focus: str | None = None,
+            colour_by: Mapping[str, float] | None = None, colour_legend: str | None = None) -> str:
     """Write the interactive viewer of `history` to one self-contained HTML file.
 
     The page loads nothing from the network. `mode` ('unrolled' or 'rolled') and `depth`
     (modules this deep and deeper drawn as one node) set the view it opens with; None picks
-    a readable one; `focus` opens it centred on one layer. Returns the path written.
+    a readable one; `focus` opens it centred on one layer; `colour_by` (label -> number)
+    and `colour_legend` colour the op nodes, as `page_html` says. Returns the path written.
 
     Raises:
         LogFileNotFoundError: the folder of `path` does not exist.
-        InvalidOptionError: a bad mode or depth, or `path` is a folder.
-        InvalidArgumentTypeError: `history` is not a ModelHistory, or `path` not a path.
+        InvalidOptionError: a bad mode or depth, a NaN or infinite colour value, or `path`
+            is a folder.
+        InvalidArgumentTypeError: `history` is not a ModelHistory, `path` not a path, or
+            `colour_by` not a mapping of labels to numbers.
+        LayerNotFoundError: `focus` or a `colour_by` key names nothing in the history.
         TorchlogError: the history holds no ops.
 
     Example:
@@ -262,21 +279,23 @@ def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None =
         ('linear.html', True)
     """
     target = _output_path(path)
-    page = page_html(history, mode, depth, focus)
+    page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend)
     target.write_text(page, encoding="utf-8")
     return str(target)
 
 
 def show(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
-         focus: str | None = None, height: int | None = None) -> ViewerPage:
+         focus: str | None = None, height: int | None = None,
+         colour_by: Mapping[str, float] | None = None, colour_legend: str | None = None) -> ViewerPage:
     """The viewer of `history` for a notebook: display the returned page (it shows inline).
 
     Returns the page; as the last expression of a Jupyter cell it displays itself in a
     frame `height` pixels high (default 640), which the reader can resize by its bottom edge.
+    `colour_by` and `colour_legend` colour the op nodes, as `page_html` says.
 
     Raises:
         As `page_html`, and InvalidOptionError / InvalidArgumentTypeError for a `height`
         that is not an int of at least 240.
     """
-    page = page_html(history, mode, depth, focus)
+    page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend)
     return page if height is None else page.sized(height)

@@ -103,6 +103,7 @@ function installControls() {
   installPanZoom();
   installOverview();
   installResults();
+  installColours();
 }
 
 const OPEN_SCALE = 0.5;
@@ -136,7 +137,7 @@ async function start() {
 }
 
 Object.assign(window.torchlogViewer, { runSearch, svgText: currentSvgText, pngDataUrl, fit, zoomBy, setPlumbing,
-  scale: currentScale });
+  setColour, scale: currentScale });
 window.torchlogViewer.ready = start().catch((err) => {
   setStatus("could not draw the graph: " + err.message, true);
   document.body.dataset.ready = "error";

@@ -93,6 +93,7 @@ async function render(reason) {
   annotate(svg, built);
   prepareTitles(svg);
   state.drawn = { placed, built, svg, edges: edgeList };
+  applyColours();
   drawOverview();
   const ms = performance.now() - started;
   timings.push({ reason: reason || "render", ms, nodes: placed.units.size, edges: edgeList.length });

@@ -11,6 +11,7 @@ const ui = {
   panel: el("torchlog-panel"), status: el("torchlog-status"),
   mode: el("torchlog-mode"), depth: el("torchlog-depth"), search: el("torchlog-search"),
   direction: el("torchlog-direction"), buffers: el("torchlog-buffers"), plumbing: el("torchlog-plumbing"),
+  colour: el("torchlog-colour"),
 };
 
 // ----- the model, indexed once ---------------------------------------------------------
@@ -43,6 +44,7 @@ const state = {
   direction: "TB",
   showBuffers: false,
   showPlumbing: false,  // helper runs and folds drawn open
+  colour: DATA.colour ? "custom" : "kind",  // what fills the op nodes (colour.js)
   selected: null,     // a node key, or a module key
   forceDraw: false,
   drawn: null,        // what the last render drew

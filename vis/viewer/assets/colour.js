@@ -1,0 +1,119 @@
+// Colour by data: op nodes filled by a number per pass (a statistic of the saved activation,
+// or the values a caller gave `to_html(colour_by=...)`), with a legend; by node kind otherwise.
+// A collapsed module or rolled layer takes the value of largest magnitude among its passes.
+const COLOUR_MEASURES = {
+  custom: { title: () => DATA.colour.title, of: (p) => DATA.colour.values[p.label] },
+  std: { title: () => "std", of: (p) => p.stats && p.stats.std },
+  zeros: { title: () => "share of zeros", of: (p) => p.stats && p.stats.zeros },
+  naninf: { title: () => "NaN + Inf count", of: (p) => p.stats && p.stats.nan + p.stats.inf },
+  absmax: { title: () => "max |x|", of: (p) => p.stats && p.stats.min !== null ? Math.max(Math.abs(p.stats.min), Math.abs(p.stats.max)) : null },
+};
+const SEQUENTIAL = ["#fff7ec", "#fdd49e", "#fc8d59", "#d7301f", "#7f0000"];
+const DIVERGING = ["#2166ac", "#92c5de", "#f7f7f7", "#f4a582", "#b2182b"];
+const NO_VALUE = "#f2f2f2";
+const colouring = { range: null };
+
+function hexToRgb(hex) {
+  return [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+}
+
+// The colour at t in [0, 1] along evenly spaced `stops`.
+function rampColour(stops, t) {
+  const x = Math.max(0, Math.min(1, t)) * (stops.length - 1);
+  const i = Math.min(stops.length - 2, Math.floor(x)), f = x - i;
+  const [a, b] = [hexToRgb(stops[i]), hexToRgb(stops[i + 1])];
+  return "#" + a.map((v, k) => Math.round(v + (b[k] - v) * f).toString(16).padStart(2, "0")).join("");
+}
+
+function isDark(hex) {
+  const [r, g, b] = hexToRgb(hex);
+  return 0.299 * r + 0.587 * g + 0.114 * b < 120;
+}
+
+function valueOf(p) {
+  const v = COLOUR_MEASURES[state.colour].of(p);
+  return typeof v === "number" && Number.isFinite(v) ? v : null;
+}
+
+// The scale spans every pass's value, so it stays put as modules open and close.
+function colourRange() {
+  let lo = Infinity, hi = -Infinity;
+  for (const p of DATA.passes) {
+    const v = valueOf(p);
+    if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+  }
+  if (lo > hi) return null;
+  const diverging = lo < 0 && hi > 0;
+  const m = Math.max(Math.abs(lo), Math.abs(hi));
+  return diverging ? { lo: -m, hi: m, stops: DIVERGING } : { lo, hi, stops: SEQUENTIAL };
+}
+
+function colourOf(value) {
+  const r = colouring.range;
+  if (value === null || !r) return NO_VALUE;
+  return rampColour(r.stops, r.hi > r.lo ? (value - r.lo) / (r.hi - r.lo) : 0.5);
+}
+
+function unitValue(unit) {
+  let best = null;
+  for (const p of unit.members) {
+    const v = valueOf(p);
+    if (v !== null && (best === null || Math.abs(v) > Math.abs(best))) best = v;
+  }
+  return best;
+}
+
+// Fill the drawn nodes (no new layout); "kind" puts the kinds' own fills back.
+function applyColours() {
+  const drawn = state.drawn;
+  if (!drawn) return;
+  colouring.range = state.colour === "kind" ? null : colourRange();
+  for (const g of drawn.svg.querySelectorAll("g.node")) {
+    const info = drawn.built.ids.get(g.id);
+    const shape = g.querySelector("polygon, ellipse, path");
+    if (!info || !shape || info.unit.kind === "failed") continue;
+    if (g.dataset.kindFill === undefined) g.dataset.kindFill = shape.getAttribute("fill") || "";
+    let fill = g.dataset.kindFill;
+    delete g.dataset.colourValue;
+    if (state.colour !== "kind") {
+      const value = unitValue(info.unit);
+      if (value !== null) g.dataset.colourValue = String(value);
+      fill = colourOf(value);
+    }
+    g.querySelectorAll("polygon, ellipse, path").forEach((s) => { if (s.getAttribute("fill") !== "none") s.setAttribute("fill", fill); });
+    const textColour = state.colour !== "kind" && isDark(fill) ? "white" : "";
+    g.querySelectorAll("text").forEach((t) => { if (textColour) t.setAttribute("fill", textColour); else t.removeAttribute("fill"); });
+  }
+  showLegend();
+}
+
+function showLegend() {
+  const legend = el("torchlog-legend"), r = colouring.range;
+  legend.hidden = state.colour === "kind";
+  if (legend.hidden) return;
+  const title = COLOUR_MEASURES[state.colour].title();
+  const bar = r ? `<div class="bar" style="background: linear-gradient(to right, ${r.stops.join(", ")})"></div>` +
+    `<div class="ends"><span>${esc(num(r.lo))}</span><span>${esc(num(r.hi))}</span></div>` : "<div>no values</div>";
+  legend.innerHTML = `<b>${esc(title)}</b>${bar}<div><i style="background: ${NO_VALUE}"></i> no value</div>`;
+}
+
+async function setColour(name) {
+  if (name !== "kind" && !COLOUR_MEASURES[name]) return false;
+  if (name === "custom" && !DATA.colour) return false;
+  state.colour = name;
+  ui.colour.value = name;
+  applyColours();
+  drawOverview();
+  return true;
+}
+
+function installColours() {
+  if (DATA.colour) {
+    const option = document.createElement("option");
+    option.value = "custom";
+    option.textContent = DATA.colour.title;
+    ui.colour.insertBefore(option, ui.colour.options[1] || null);
+  }
+  ui.colour.value = state.colour;
+  ui.colour.onchange = () => setColour(ui.colour.value);
+}
