@@ -115,8 +115,8 @@ class _NullRecorder:
     def enter(self, address: str, frame: Any) -> None:
         return None
 
-    def leave(self, address: str, output: Any) -> None:
-        return None
+    def leave(self, address: str, output: Any) -> Any:
+        return output  # what the module's caller gets
 
     def leave_raised(self, address: str) -> None:
         return None
@@ -201,8 +201,8 @@ def _no_enter(self: Any, address: str, frame: Any) -> None:
     return None
 
 
-def _no_leave(self: Any, address: str, output: Any) -> None:
-    return None
+def _no_leave(self: Any, address: str, output: Any) -> Any:
+    return output  # what the module's caller gets
 
 
 def _no_leave_raised(self: Any, address: str) -> None:
