@@ -1,36 +1,51 @@
 """Benchmark of torchlog.extract: samples/s against a plain no_grad loop writing the same tensors.
 
-Run `.venv/bin/python bench/extract_bench.py` (`--quick` for a smoke run of a few seconds).
-Everything runs in this one process, with one torch thread by default (a torchrun rank's
-setting), so the figures are per process. Two cases:
+Run `.venv/bin/python bench/extract_bench.py` (`--quick` for a smoke run of a few seconds;
+`--save` also writes the output to bench/results/, named by what it measures, the commit
+and the machine). Everything runs in this one process, with one torch thread by default
+(a torchrun rank's setting), so the figures are per process. Three cases:
 
 1. GPT-2 (transformers, 6 layers, hidden 256, sequence 128, batches of 8) saving two
    layers named by label (the outputs of blocks 1 and 4): extract's lean capture.
 2. A CNN (a ResNet with 2 basic-width bottleneck blocks per stage, 64x64 images, batches
    of 32) saving three module outputs (`layer1`, `layer2`, `layer3`): forward hooks.
+3. An MLP of 8 blocks (Linear 256 + GELU), 2,048 samples in batches of 64, saving two
+   module outputs: little compute per batch, so extract's cost per batch shows.
 
 For each, samples/s of:
 - plain: a `torch.no_grad()` loop over the same batches, forward hooks copying the same
-  tensors, written with plain h5py into datasets allocated up front (contiguous);
+  tensors, written with plain h5py (`file[name][rows] = array`) into datasets allocated on
+  the first batch (contiguous);
 - extract: `torchlog.extract` over the same batches, everything included (the first
-  batch's logged probe, the per-batch check, flushing after every batch for resume);
-- full path: what extract did before the fast path, two logged passes per batch
-  (`log_forward_pass` with `layers_to_save`), measured once.
-Target: extract at least 80% of plain. Runs alternate plain and extract so that drift in
-machine load hits both; the medians are reported. The arrays of both are compared.
+  batch's logged pass, the per-batch check, flushing after every batch for resume);
+- full path: extract with an `on_batch` callback, which logs every batch, measured once.
+Runs alternate plain and extract so that drift in machine load hits both; the ratio is
+given from the medians and from the fastest runs. Targets: 80% of plain for GPT-2 and the
+CNN, 85% for the MLP. The arrays of both are compared.
+
+Then, on the MLP, what each loop costs beyond the bare forward passes: per batch (the
+fixed cost of a batch: the slope between runs over all the samples and over half of
+them, less the forward passes' own) and per run (what is left: file creation, extract's
+logged first batch, reopening the file). A third loop joins them there: the plain loop
+holding its h5py datasets instead of looking each up by name for every write, a more
+careful baseline than the one the targets are set against.
 
 Then the CNN's write rate for each layout extract offers (contiguous, the default when the
-size is known; chunks of whole batches; gzip; lzf): MB/s of time spent writing (inside the appender, flush
-included) and file size.
+size is known; chunks of whole batches; gzip; lzf): MB/s of time spent writing (inside the
+appender, flush included) and file size.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
+import re
 import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter, process_time
 from typing import Any
@@ -42,13 +57,14 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import ResNet, gpt2_small  # noqa: E402  (bench/ is not a package)
+from provenance import provenance, provenance_line  # noqa: E402
 
 import torchlog  # noqa: E402
 import torchlog.storage  # noqa: E402
 from torchlog.storage.arrays import Appender  # noqa: E402
 
 MB = 1 << 20
-TARGET = 0.80
+RESULTS = Path(__file__).resolve().parent / "results"
 # wall: time.perf_counter; cpu: this process's CPU time, steadier on a machine others share.
 CLOCKS = {"wall": perf_counter, "cpu": process_time}
 clock = perf_counter
@@ -64,21 +80,36 @@ class ExtractCase:
     batch_size: int
     modules: tuple[str, ...]  # whose outputs are saved (the plain loop hooks them)
     by_label: bool  # name them to extract by label (lean capture), else by address (hooks)
+    target: float = 0.80  # extract's samples/s over plain's, at least
+    per_batch: bool = False  # also measure the fixed cost per batch
+
+
+class BlockMLP(nn.Sequential):
+    """`depth` blocks of Linear(width, width) -> GELU: a few small ops per batch."""
+
+    def __init__(self, depth: int = 8, width: int = 256) -> None:
+        torch.manual_seed(0)
+        super().__init__(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth)])
 
 
 def cases(quick: bool) -> list[ExtractCase]:
-    """The two cases, small with `quick`."""
+    """The three cases, small with `quick`."""
     tokens = lambda n, length: torch.randint(0, 1000, (n, length), generator=torch.Generator().manual_seed(0))
     images = lambda n, size: torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+    vectors = lambda n, width: torch.randn(n, width, generator=torch.Generator().manual_seed(0))
     if quick:
         return [ExtractCase("GPT-2 (2 layers, seq 16)", lambda: gpt2_small(2, 64, 2), lambda: tokens(16, 16),
                             4, ("transformer.h.0", "transformer.h.1"), True),
                 ExtractCase("CNN (1 block/stage, 32x32)", lambda: ResNet((1, 1, 1, 1), 10, 16).eval(),
-                            lambda: images(32, 32), 8, ("layer1", "layer2", "layer3"), False)]
+                            lambda: images(32, 32), 8, ("layer1", "layer2", "layer3"), False),
+                ExtractCase("MLP (8 blocks, width 64, 256 samples)", lambda: BlockMLP(8, 64),
+                            lambda: vectors(256, 64), 16, ("2", "5"), False, 0.85, True)]
     return [ExtractCase("GPT-2 (6 layers, hidden 256, seq 128)", gpt2_small, lambda: tokens(96, 128), 8,
                         ("transformer.h.1", "transformer.h.4"), True),
             ExtractCase("CNN (ResNet 2 blocks/stage, 64x64)", lambda: ResNet((2, 2, 2, 2), 10, 32).eval(),
-                        lambda: images(512, 64), 32, ("layer1", "layer2", "layer3"), False)]
+                        lambda: images(512, 64), 32, ("layer1", "layer2", "layer3"), False),
+            ExtractCase("MLP (8 blocks of Linear 256 + GELU)", BlockMLP, lambda: vectors(2048, 256), 64,
+                        ("2", "5"), False, 0.85, True)]
 
 
 def entries_for(case: ExtractCase, model: nn.Module, samples: torch.Tensor) -> list[str]:
@@ -93,23 +124,28 @@ def _first_tensor(output: Any) -> torch.Tensor:
     return output if isinstance(output, torch.Tensor) else output[0]
 
 
-def plain_loop(model: nn.Module, samples: torch.Tensor, case: ExtractCase, path: Path) -> float:
+def plain_loop(model: nn.Module, samples: torch.Tensor, case: ExtractCase, path: Path,
+               keep_datasets: bool = False) -> float:
     """Seconds for a no_grad forward loop whose hooks copy the modules' outputs, written with
-    h5py into datasets allocated on the first batch."""
+    h5py into datasets allocated on the first batch: looked up by name for each write
+    (`file[name][rows] = array`), or with `keep_datasets` held from their creation on."""
     copies: dict[str, torch.Tensor] = {}
     named = dict(model.named_modules())
     handles = [named[a].register_forward_hook(
         lambda m, args, out, a=a: copies.__setitem__(a, _first_tensor(out).detach().clone()))
         for a in case.modules]
+    kept: dict[str, h5py.Dataset] = {}
     started = clock()
     try:
         with torch.no_grad(), h5py.File(path, "w") as file:
             for start in range(0, len(samples), case.batch_size):
                 model(samples[start:start + case.batch_size])
                 for address, tensor in copies.items():
-                    if address not in file:
-                        file.create_dataset(address, shape=(len(samples), *tensor.shape[1:]), dtype=np.float32)
-                    file[address][start:start + len(tensor)] = tensor.numpy()
+                    if address not in (kept if keep_datasets else file):
+                        kept[address] = file.create_dataset(
+                            address, shape=(len(samples), *tensor.shape[1:]), dtype=np.float32)
+                    dataset = kept[address] if keep_datasets else file[address]
+                    dataset[start:start + len(tensor)] = tensor.numpy()
     finally:
         for handle in handles:
             handle.remove()
@@ -124,15 +160,23 @@ def run_extract(model: nn.Module, samples: torch.Tensor, case: ExtractCase, entr
     return clock() - started
 
 
-def measure(case: ExtractCase, repeats: int, folder: Path) -> dict[str, Any]:
-    """Samples/s of the plain loop, extract and the full path; the largest difference of values."""
-    model, samples = case.build(), case.samples()
-    entries = entries_for(case, model, samples)
-    plain_loop(model, samples, case, folder / "warm.h5")  # warm-up: allocator, kernels, files
+def alternate(case: ExtractCase, model: nn.Module, samples: torch.Tensor, entries: list, repeats: int,
+              folder: Path) -> tuple[list[float], list[float]]:
+    """Seconds of `repeats` plain loops and extracts, taking turns."""
     plain, fast = [], []
     for _ in range(repeats):
         plain.append(plain_loop(model, samples, case, folder / "plain.h5"))
         fast.append(run_extract(model, samples, case, entries, folder / "extract.h5"))
+    return plain, fast
+
+
+def measure(case: ExtractCase, repeats: int, folder: Path) -> dict[str, Any]:
+    """Samples/s of the plain loop, extract and the full path; the ratios from the medians
+    and from the fastest runs; the largest difference of values."""
+    model, samples = case.build(), case.samples()
+    entries = entries_for(case, model, samples)
+    plain_loop(model, samples, case, folder / "warm.h5")  # warm-up: allocator, kernels, files
+    plain, fast = alternate(case, model, samples, entries, repeats, folder)
     full = run_extract(model, samples, case, entries, folder / "full.h5", on_batch=lambda h, i: None)
     acts = torchlog.storage.open_activations(folder / "extract.h5")
     with h5py.File(folder / "plain.h5") as file:
@@ -140,7 +184,43 @@ def measure(case: ExtractCase, repeats: int, folder: Path) -> dict[str, Any]:
                     for label, address in zip(acts, case.modules))
     n = len(samples)
     return {"plain": n / statistics.median(plain), "extract": n / statistics.median(fast),
-            "full": n / full, "entries": entries, "max_diff": worst}
+            "ratio": statistics.median(plain) / statistics.median(fast),
+            "ratio_min": min(plain) / min(fast), "full": n / full, "entries": entries, "max_diff": worst}
+
+
+def forward_loop(model: nn.Module, samples: torch.Tensor, case: ExtractCase, path: Path) -> float:
+    """Seconds for the bare no_grad forward passes over the batches: no hooks, no file."""
+    started = clock()
+    with torch.no_grad():
+        for start in range(0, len(samples), case.batch_size):
+            model(samples[start:start + case.batch_size])
+    return clock() - started
+
+
+def per_batch_costs(case: ExtractCase, repeats: int, folder: Path) -> dict[str, tuple[float, float]]:
+    """What each loop costs beyond the bare forward passes: (microseconds per batch,
+    milliseconds per run). Every loop runs over all the samples and over their first half
+    (same batch size), all taking turns; the per-batch cost is the slope between the two,
+    less the forward's, and the per-run cost what is left of the whole run."""
+    model, samples = case.build(), case.samples()
+    entries = entries_for(case, model, samples)
+    loops = {"forward": lambda x, p: forward_loop(model, x, case, p),
+             "plain": lambda x, p: plain_loop(model, x, case, p),
+             "kept": lambda x, p: plain_loop(model, x, case, p, keep_datasets=True),
+             "extract": lambda x, p: run_extract(model, x, case, entries, p)}
+    halves = (samples, samples[:len(samples) // 2])
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeats):
+        for part in halves:
+            for name, loop in loops.items():
+                times.setdefault((name, len(part)), []).append(loop(part, folder / f"{name}.h5"))
+    median = {key: statistics.median(found) for key, found in times.items()}
+    batches = [-(-len(part) // case.batch_size) for part in halves]
+    slope = {name: (median[(name, len(halves[0]))] - median[(name, len(halves[1]))]) / (batches[0] - batches[1])
+             for name in loops}
+    return {name: ((slope[name] - slope["forward"]) * 1e6,
+                   (median[(name, len(samples))] - batches[0] * slope[name]) * 1e3)
+            for name in loops if name != "forward"}
 
 
 class _WriteTimer:
@@ -184,36 +264,75 @@ _LAYOUTS = [("contiguous (default)", {}), ("chunks of batches", {"chunks": True}
             ("gzip (level 4)", {"compression": "gzip"}), ("lzf", {"compression": "lzf"})]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small models, one repeat (smoke run)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs each (default 3; 1 quick)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall time, or this process's CPU time (steadier on a shared machine)")
-    args = parser.parse_args(argv)
-    global clock
-    clock = CLOCKS[args.clock]
-    torch.set_num_threads(args.threads)
-    repeats = args.repeats or (1 if args.quick else 3)
+def machine() -> str:
+    """'amd-epyc-2cores': the CPU model and the cores this process may use, for file names."""
+    model = "unknown-cpu"
+    with contextlib.suppress(OSError):
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        model = found[1] if found else model
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{re.sub(r'[^a-z0-9]+', '-', model.lower()).strip('-')}-{cores}cores"
+
+
+def run(args: argparse.Namespace) -> None:
+    """Print every table and the verdicts."""
+    repeats = args.repeats or (1 if args.quick else 5)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} clock, "
-          f"median of {repeats} run(s)")
-    header = f"{'case':<40} {'plain/s':>9} {'extract/s':>10} {'ratio':>6} {'full/s':>8} {'ratio':>6} {'max diff':>9}"
-    print(header)
+          f"{repeats} alternating run(s) of each")
+    print(f"{'case':<40} {'plain/s':>9} {'extract/s':>10} {'ratio':>6} {'min':>6} {'full/s':>8} "
+          f"{'ratio':>6} {'max diff':>9}")
     verdicts = []
     with tempfile.TemporaryDirectory() as folder:
         for case in cases(args.quick):
             r = measure(case, repeats, Path(folder))
-            ratio = r["extract"] / r["plain"]
-            print(f"{case.name:<40} {r['plain']:9.1f} {r['extract']:10.1f} {ratio:6.2f} {r['full']:8.1f} "
-                  f"{r['full'] / r['plain']:6.2f} {r['max_diff']:9.1e}   saved {', '.join(map(str, r['entries']))}")
-            verdicts.append(f"{'ok' if ratio >= TARGET else 'UNDER'}: {case.name} extract at "
-                            f"{ratio:.0%} of plain (target {TARGET:.0%})")
+            print(f"{case.name:<40} {r['plain']:9.1f} {r['extract']:10.1f} {r['ratio']:6.2f} {r['ratio_min']:6.2f} "
+                  f"{r['full']:8.1f} {r['full'] / r['plain']:6.2f} {r['max_diff']:9.1e}   saved "
+                  f"{', '.join(map(str, r['entries']))}")
+            verdicts.append(f"{'ok' if r['ratio'] >= case.target else 'UNDER'}: {case.name} extract at "
+                            f"{r['ratio']:.0%} of plain (medians; fastest runs {r['ratio_min']:.0%}; "
+                            f"target {case.target:.0%})")
+        for case in (c for c in cases(args.quick) if c.per_batch):
+            cost = per_batch_costs(case, repeats, Path(folder))
+            print(f"\nBeyond the forward passes, {case.name} (batches of {case.batch_size}; all samples "
+                  f"against half of them, medians):")
+            for name, words in (("plain", "plain loop"), ("kept", "plain loop holding its datasets"),
+                                ("extract", "extract")):
+                per_batch, per_run = cost[name]
+                print(f"  {words:<32} {per_batch:7.0f} us per batch {per_run:7.1f} ms per run")
+            print(f"  extract adds {cost['extract'][0] - cost['plain'][0]:.0f} us per batch and "
+                  f"{cost['extract'][1] - cost['plain'][1]:.1f} ms per run to the plain loop")
         cnn = cases(args.quick)[1]
         print(f"\nWrite rates, {cnn.name} ({len(cnn.samples())} samples, three layers):")
         for name, rate, size in write_rates(cnn, Path(folder), repeats):
             print(f"  {name:<22} {rate:8.0f} MB/s   file {size:7.1f} MB")
     print("\nTargets:\n" + "\n".join(verdicts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small models, one run each (smoke run)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs each (default 5; 1 quick)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this process's CPU time (steadier on a shared machine)")
+    parser.add_argument("--save", action="store_true",
+                        help="also write the output to bench/results/extract-<commit>-<machine>-<clock>.txt")
+    args = parser.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
+    torch.set_num_threads(args.threads)
+    if not args.save:
+        run(args)
+        return 0
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        run(args)
+    text = f"{provenance_line()}\n{output.getvalue()}"
+    print(text, end="")
+    commit = provenance()["commit"].replace("+", "-")
+    path = RESULTS / f"extract-{commit}-{machine()}-{args.clock}{'-quick' if args.quick else ''}.txt"
+    path.write_text(text)
+    print(f"wrote {path}")
     return 0
 
 

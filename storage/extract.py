@@ -13,13 +13,16 @@ the speed of a plain forward loop.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
 from torchlog.errors import InvalidOptionError, LogFileError, LogFileExistsError
+from torchlog.seeding import seeded
 from torchlog.selection import check_entries
 from torchlog.storage import files
 from torchlog.storage.arrays import ActivationFile, Appender
@@ -101,26 +104,38 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
     _check_chunks(chunks, compression, batches)
     job = _Job(model, _check_layers(layers), batches, files.as_path(to, "to"), current_group(),
                random_seed, on_batch)
-    problem, state = None, None
-    try:
-        state = job.start(overwrite)
-    except Exception as exc:  # every rank learns it before any rank writes
-        problem = exc
-    job.group.agree(problem)
-    if overwrite and job.group.rank == 0:
-        remove_other_runs(job.target, job.group.world_size)
-    done, stream, first = state
-    with _ProgressBar(job, progress) as bar:
-        with open_extract(job.path, job.config, resume=bool(done)) as file:
-            store = Appender(file, job.path, options, job.batches.num_samples_in(job.share), chunks)
-            note_selection(file, job.plan.selected)
-            job.count(bar, len(done), store)
-            for index, batch, saved in _chain(first, stream, job):
-                job.write(store, index, batch, saved)
-                job.count(bar, 1, store)
-            file.attrs["status"] = COMPLETE
-        job.group.finish(lambda: job.join(bar, store))  # rank 0 shows the final global count
+    with _rng_states_kept(batches, on_batch, random_seed):
+        problem, state = None, None
+        try:
+            state = job.start(overwrite)
+        except Exception as exc:  # every rank learns it before any rank writes
+            problem = exc
+        job.group.agree(problem)
+        if overwrite and job.group.rank == 0:
+            remove_other_runs(job.target, job.group.world_size)
+        done, stream, first = state
+        with _ProgressBar(job, progress) as bar:
+            with open_extract(job.path, job.config, resume=bool(done)) as file:
+                store = Appender(file, job.path, options, job.batches.num_samples_in(job.share), chunks)
+                note_selection(file, job.plan.selected)
+                job.count(bar, len(done), store)
+                for index, batch, saved in _chain(first, stream, job):
+                    job.write(store, index, batch, saved)
+                    job.count(bar, 1, store)
+                file.attrs["status"] = COMPLETE
+            job.group.finish(lambda: job.join(bar, store))  # rank 0 shows the final global count
     return ActivationFile(job.target)
+
+
+def _rng_states_kept(batches: Batches, on_batch: Callable | None, seed: int) -> Any:
+    """Around the whole run when no user code runs between batches (a tensor split into
+    batches, no callback): the RNG states are then saved and put back once, and each batch
+    only seeds them. Else each batch saves and restores them itself, so the data's own
+    draws (random augmentation) come from the user's streams as without extract. Saving
+    and restoring costs about 0.2 ms a batch, mostly numpy's state."""
+    if isinstance(batches.inputs, torch.Tensor) and on_batch is None:
+        return seeded(seed)
+    return contextlib.nullcontext()
 
 
 def open_activations(path: Any) -> ActivationFile:

@@ -1,11 +1,14 @@
-"""Resolving an extract's layer selection on the first batch's own logged pass, then saving each batch with one model call.
+"""Resolving an extract's selection on the first batch's own logged pass, then one model call per batch.
 
 The first batch is logged once (`log_forward_pass`): its history turns the entries into
 pass labels, and that batch's values come from the same call: copied by forward hooks on
 the chosen modules when every entry is a module address (the log itself saves nothing),
 else taken from the log, which then keeps every op's output of that one batch. Each later
 batch runs once, with module hooks when every entry is a module address, else under the
-lean capture, which copies the first batch's call positions and places.
+lean capture, which copies the first batch's call positions and places. (A selection the
+lean capture cannot find, a buffer for one, has each batch logged once instead; with a
+callback that needs each batch's history, each batch is logged with `layers_to_save`,
+which runs the model twice: log_forward_pass's own probe.)
 
 A batch whose module or op sequence differs from the first batch's is not run again. For
 module entries each chosen module's k-th call gives the labels its k-th call gave on the
@@ -33,7 +36,7 @@ from torch import nn
 from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
 from torchlog.capture.lean import Place, call_names
-from torchlog.capture.module_outputs import watching_modules
+from torchlog.capture.module_outputs import ModuleWatcher
 from torchlog.errors import OpSequenceChangedWarning
 from torchlog.history import ModelHistory, all_passes
 from torchlog.model_state import model_kept
@@ -103,12 +106,13 @@ class ExtractPlan:
             self._resolve(history)
             self.kind = "full"
             return self._values(history, self.labels), history
-        if all(isinstance(e, str) and e and e in addresses for e in self.entries):
-            with watching_modules(self.model, self.entries, self._named) as seen:
+        if all(isinstance(e, str) and e in addresses for e in self.entries):
+            watcher = ModuleWatcher(self.model, self.entries, self._named)
+            with watcher as seen:
                 history = log_forward_pass(self.model, batch, layers_to_save=None, random_seed=seed)
             self._resolve(history)
-            self._runner = HookRunner(self.model, {e: history.modules[e].call_outputs for e in self.entries},
-                                      self.labels, self._named)
+            self._runner = HookRunner(watcher, {e: history.modules[e].call_outputs for e in self.entries},
+                                      self.labels)
             self._reference, self.kind = seen.calls, "hooks"
             return self._runner.values(seen), None
         history = log_forward_pass(self.model, batch, layers_to_save="all", random_seed=seed)

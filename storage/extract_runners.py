@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from torchlog.capture.lean import Place, run_lean
-from torchlog.capture.module_outputs import ModulePass, run_module_outputs
+from torchlog.capture.module_outputs import ModulePass, ModuleWatcher
 from torchlog.capture.nesting import find_tensors
 
 __all__ = ["BatchValues", "HookRunner", "LeanRunner"]
@@ -40,17 +40,18 @@ class HookRunner:
     leaves its labels missing, and extract refuses the batch).
     """
 
-    def __init__(self, model: nn.Module, outputs: Mapping[str, Sequence[Sequence[str]]],
-                 order: Sequence[str], named_modules: list | None = None) -> None:
-        """`outputs`: module address -> per call, the labels of the tensors it returned;
-        `order`: every label, in execution order."""
-        self._named = list(model.named_modules()) if named_modules is None else named_modules
+    def __init__(self, watcher: ModuleWatcher, outputs: Mapping[str, Sequence[Sequence[str]]],
+                 order: Sequence[str]) -> None:
+        """`watcher`: hooks on the modules of `outputs`, module address -> per call, the
+        labels of the tensors it returned; `order`: every label, in execution order."""
+        self._watcher = watcher
         self._outputs = outputs
         self._order = order
 
     def run(self, model: nn.Module, args: tuple, kwargs: dict) -> BatchValues:
         """Run forward once with the hooks."""
-        seen = run_module_outputs(model, args, kwargs, list(self._outputs), self._named)
+        with self._watcher as seen:
+            model(*args, **kwargs)
         found = self.values(seen)
         return BatchValues(found, found, seen.calls)
 

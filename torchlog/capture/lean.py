@@ -21,6 +21,8 @@ from torchlog.capture.nesting import find_tensors
 
 # The recorder's own rules for which calls are ops: the lean count must match its call_id.
 from torchlog.capture.ops import DESCRIPTIONS, collapse, describe, output_tensors
+from torchlog.capture.plan import Firing, OpPlan, substitute, unfit
+from torchlog.errors import InterventionError
 
 __all__ = ["LeanPass", "Place", "run_lean", "call_names"]
 
@@ -51,7 +53,7 @@ class _LeanMode(TorchFunctionMode):
     """
 
     def __init__(self, wanted: Mapping[int, tuple[int, ...]],
-                 places: Mapping[Place, tuple[int, ...]]) -> None:
+                 places: Mapping[Place, tuple[int, ...]], plan: OpPlan | None = None) -> None:
         super().__init__()
         self.wanted = wanted
         self.places = places
@@ -61,6 +63,7 @@ class _LeanMode(TorchFunctionMode):
         self.at_places: dict[tuple[Place, int], torch.Tensor] = {}
         self.expanding: set[Any] = set()  # functionals whose body runs now
         self.count = 0  # calls counted so far
+        self.acts = plan.at_calls if plan is not None else {}  # (call, output) -> actions
         self.modules: list[str] = [""]  # addresses of the modules running now, innermost last
         self.num_at: dict[tuple[str, str], int] = {}  # (name, module) -> calls so far
 
@@ -74,7 +77,33 @@ class _LeanMode(TorchFunctionMode):
         if entry.body is not None and func not in self.expanding:
             return self._expand(func, entry.body, args, kwargs)
         out = func(*args, **kwargs)
+        if self.acts:
+            out = self._act(func, args, out)
         self._count(func, args, out)
+        return out
+
+    def _act(self, func: Any, args: tuple, out: Any) -> Any:
+        """Apply the plan's actions to the outputs of the call that just returned (the
+        next call number), as the recorder does; return what the model gets."""
+        outs = output_tensors(func, args, out)
+        call = self.count + 1
+        for output_index, (t, _) in enumerate(outs):
+            planned = self.acts.get((call, output_index))
+            if planned is None:
+                continue
+            index, label, acts = planned
+            new = t
+            for act in acts:
+                new = act.action(new, Firing(act.site, index, describe(func).name, None, label))
+                problem = unfit(new, t)
+                if problem is not None:
+                    raise InterventionError(
+                        f"the action {act.action!r} of site {act.site!r} {problem} at {label!r}; an "
+                        "action must return a tensor of the value's shape, dtype and device")
+            if any(t is a for a in args):  # an in-place op: the edit goes where it wrote
+                t.copy_(new)
+            else:
+                out = substitute(out, t, new)
         return out
 
     def _count(self, func: Any, args: tuple, out: Any) -> None:
@@ -96,7 +125,7 @@ class _LeanMode(TorchFunctionMode):
     def _count_place(self, func: Any, outs: list, wanted: tuple[int, ...] | None) -> None:
         """Number this call among the calls of its function in its module; copy it when its
         place is chosen (sharing the copy its call number made)."""
-        name = DESCRIPTIONS[func].name if func in DESCRIPTIONS else describe(func).name
+        name = describe(func).name
         if name not in self.place_names:
             return
         scope = (name, self.modules[-1])
@@ -128,7 +157,7 @@ class _LeanMode(TorchFunctionMode):
 
 def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, tuple[int, ...]],
              places: Mapping[Place, tuple[int, ...]] | None = None,
-             named_modules: list | None = None) -> LeanPass:
+             named_modules: list | None = None, plan: OpPlan | None = None) -> LeanPass:
     """Run `model(*args, **kwargs)` counting ops and copying the outputs `wanted` and
     `places` name.
 
@@ -146,6 +175,8 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
         wanted: call number -> the output indexes of that call to copy.
         places: place -> the output indexes of the call there to copy.
         named_modules: `list(model.named_modules())` when the caller has it.
+        plan: actions by call position (`OpPlan.at_calls`; capture/plan.py), applied to
+            the outputs of those calls as the recorder applies them.
 
     Returns:
         The LeanPass; the mode is removed when forward returns or raises.
@@ -160,7 +191,7 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
         >>> call_names(seen.calls), seen.saved[(2, 0)].shape
         (['linear', 'relu'], torch.Size([1, 3]))
     """
-    mode = _LeanMode(wanted, places or {})
+    mode = _LeanMode(wanted, places or {}, plan)
     handles = _follow_modules(model, mode, named_modules) if places else ()
     try:
         with mode:

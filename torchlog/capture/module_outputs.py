@@ -11,7 +11,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from torchlog.capture.nesting import find_tensors
 
-__all__ = ["ModulePass", "run_module_outputs", "watching_modules"]
+__all__ = ["ModulePass", "ModuleWatcher", "run_module_outputs"]
 
 _DisableTorchFunction = torch._C.DisableTorchFunction
 
@@ -33,6 +33,7 @@ def run_module_outputs(model: nn.Module, args: tuple, kwargs: dict, addresses: S
     No TorchFunctionMode is entered: forward runs at full speed. One global pre-hook notes
     the calls of the model's modules (ignoring other models) and one forward hook per
     chosen module copies its outputs; all are removed when forward returns or raises.
+    To run many passes, make one ModuleWatcher and enter it around each.
 
     Raises:
         KeyError: an address that is not a submodule of `model`.
@@ -45,48 +46,55 @@ def run_module_outputs(model: nn.Module, args: tuple, kwargs: dict, addresses: S
         >>> len(seen.calls), seen.returned["1"][0][0].shape
         (3, torch.Size([4, 3]))
     """
-    with watching_modules(model, addresses, named_modules) as seen:
+    with ModuleWatcher(model, addresses, named_modules) as seen:
         seen.output = model(*args, **kwargs)
     return seen
 
 
-class watching_modules:  # noqa: N801 - used like a function: `with watching_modules(...) as seen:`
-    """While active, note every call of `model`'s modules and copy what the modules at
-    `addresses` return, into the ModulePass it gives (its `output` left None), whoever
-    runs the model: a plain call, or log_forward_pass logging it.
+class ModuleWatcher:
+    """Hooks that note every call of a model's modules and copy what the modules at
+    `addresses` return, whoever runs the model (a plain call, or log_forward_pass logging
+    it). Made once; each `with watcher as seen:` fills a new ModulePass (its `output` left
+    None) and removes the hooks on leaving.
+
+    The model's modules and parameters are read when it is made: a pass costs only the
+    hooks (bench/extract_bench.py runs one per batch).
 
     Raises:
-        KeyError: on entering, an address that is not a submodule of `model`.
+        KeyError: when made, an address that is not a submodule of `model`.
+
+    Example:
+        >>> import torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+        >>> watcher = ModuleWatcher(net, ["0"])
+        >>> with watcher as seen:
+        ...     _ = net(torch.ones(1, 2))
+        >>> len(seen.calls), len(seen.returned["0"])
+        (3, 1)
     """
 
-    __slots__ = ("seen", "_named", "_addresses", "_model", "_handles")
+    __slots__ = ("_ours", "_params", "_targets", "_handles", "_seen")
 
     def __init__(self, model: nn.Module, addresses: Sequence[str], named_modules: list | None = None) -> None:
-        self._model = model
-        self._named = named_modules
-        self._addresses = addresses
-        self.seen = ModulePass([], {address: [] for address in addresses}, None)
+        named = dict(model.named_modules() if named_modules is None else named_modules)
+        self._ours = frozenset(id(m) for m in named.values())
+        self._params = frozenset(id(p) for p in model.parameters())
+        self._targets = [(address, named[address]) for address in addresses]
         self._handles: list = []
+        self._seen: ModulePass | None = None
 
     def __enter__(self) -> ModulePass:
-        named = dict(self._model.named_modules() if self._named is None else self._named)
-        ours = {id(m) for m in named.values()}
-        params = {id(p) for p in self._model.parameters()}
-        calls = self.seen.calls
+        seen = self._seen = ModulePass([], {address: [] for address, _ in self._targets}, None)
+        ours, calls = self._ours, seen.calls
 
         def note(module: nn.Module, _: Any) -> None:
             if id(module) in ours:
                 calls.append(id(module))
 
         self._handles = [register_module_forward_pre_hook(note)]
-        try:
-            for address in self._addresses:
-                self._handles.append(named[address].register_forward_hook(
-                    _copier(self.seen.returned[address], params)))
-        except BaseException:
-            self.__exit__()
-            raise
-        return self.seen
+        for address, module in self._targets:
+            self._handles.append(module.register_forward_hook(_copier(seen.returned[address], self._params)))
+        return seen
 
     def __exit__(self, *exc_info: object) -> bool:
         for handle in self._handles:
@@ -95,7 +103,7 @@ class watching_modules:  # noqa: N801 - used like a function: `with watching_mod
         return False
 
 
-def _copier(calls: list, params: set[int]) -> Any:
+def _copier(calls: list, params: frozenset[int]) -> Any:
     def copy(module: nn.Module, args: Any, output: Any) -> None:
         # Copied now: a later in-place op (ReLU(inplace=True)) must not change the saved value.
         # Out of sight of a capture mode logging this pass: the copies are not the model's ops.
