@@ -135,7 +135,8 @@ class LogWriter:
         Raises:
             InvalidArgumentTypeError: activation_postfunc returned a value that cannot
                 be stored (also kept in `self.error`, as the model run may swallow it).
-            What writing an earlier value raised in the writer thread (OSError, ...).
+            OSError: what writing an earlier value raised in the writer thread (or any
+                other exception it raised).
         """
         if nodes is not self._nodes:
             self._start_pass(nodes)

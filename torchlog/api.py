@@ -61,8 +61,8 @@ def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, 
         InvalidArgumentTypeError, InvalidOptionError, ModelInputError: bad arguments,
             raised before the model runs; ModelInputError also when forward's first op
             rejects a non-tensor input (chained to the original TypeError).
-        Whatever the model raises, unchanged, with a note naming the op and module.
-        KeyboardInterrupt and SystemExit pass through untouched, with no history.
+        Exception: whatever the model raises, unchanged, with a note naming the op and module.
+        BaseException: KeyboardInterrupt and SystemExit pass through untouched, with no history.
 
     Warns:
         CompiledModelWarning: `model` came from torch.compile; its `_orig_mod` is logged.

@@ -32,12 +32,14 @@ def compare(a: ModelHistory, b: ModelHistory, *, rtol: float | None = None,
     gets its local error: b's op re-run on a's parent values.
 
     Args:
-        a, b: the two histories, in memory or opened with `torchlog.load`; rows follow
+        a: the reference history, in memory or opened with `torchlog.load`; rows follow
             a's execution order and differences are taken relative to a.
-        rtol, atol: two values match when max |a - b| <= atol + rtol * max |a|. None
+        b: the history compared with it, in memory or opened with `torchlog.load`.
+        rtol: two values match when max |a - b| <= atol + rtol * max |a|. None
             (default) takes each pair's from the coarsest precision the values were
             worked out at (their dtypes and those of every value they came from):
             float64 1e-10 / 1e-12, float32 1e-5 / 1e-7, float16 and bfloat16 1e-2 / 1e-4.
+        atol: the absolute part of that test; None as for `rtol`.
             Integer and bool values must be equal.
 
     Returns:

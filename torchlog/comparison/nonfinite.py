@@ -77,7 +77,9 @@ def find_nonfinite(model: nn.Module, input_args: Any, input_kwargs: dict[str, An
     history: the op, or an input or buffer that held a NaN already.
 
     Args:
-        model, input_args, input_kwargs: as for `log_forward_pass`.
+        model: as for `log_forward_pass`.
+        input_args: as for `log_forward_pass`.
+        input_kwargs: as for `log_forward_pass`.
         random_seed: the seed of both runs (drawn when None).
 
     Returns:
@@ -85,7 +87,8 @@ def find_nonfinite(model: nn.Module, input_args: Any, input_kwargs: dict[str, An
         labels), from a history stopped right after it; None when every op's output is finite.
 
     Raises:
-        The errors of `log_forward_pass`, and whatever the model raises before a NaN appears.
+        TorchlogError: the errors of `log_forward_pass` for bad arguments.
+        Exception: whatever the model raises before a NaN appears.
 
     Example:
         >>> import torch, torchlog

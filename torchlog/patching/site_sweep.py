@@ -59,7 +59,8 @@ def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Call
 
     Args:
         model: the model; left exactly as it was.
-        clean, corrupted: the two inputs (as `log_forward_pass` takes them); same op sequence.
+        clean: the input whose values are patched in (as `log_forward_pass` takes it).
+        corrupted: the input of the runs patched; it must run the same op sequence.
         sites: a site or a list of sites as `intervene` takes them (labels, module addresses,
             positions, selectors); each pass a site names is one row (per position).
         metric: output -> a number (a float or a one-element tensor), e.g. a logit difference.

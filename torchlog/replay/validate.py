@@ -34,7 +34,8 @@ def validate_saved_activations(model: nn.Module, input_args: Any,
 
     Args:
         model: the module to check; left as it was.
-        input_args, input_kwargs: as for `log_forward_pass`.
+        input_args: as for `log_forward_pass`.
+        input_kwargs: as for `log_forward_pass`.
         random_seed: seed of both runs (random when None).
         verbose: print each failed check (pass, check, max difference), each
             inconclusive edge, and a summary.
@@ -48,8 +49,8 @@ def validate_saved_activations(model: nn.Module, input_args: Any,
         cannot run) gives False and a problem naming the op and why, never an exception.
 
     Raises:
-        The errors of `log_forward_pass` for bad arguments, and whatever the model raises
-        on the plain run.
+        TorchlogError: the errors of `log_forward_pass` for bad arguments.
+        Exception: whatever the model raises on the plain run.
 
     Random ops are replayed with the CPU RNG state recorded before them; random ops on
     CUDA tensors are not reproduced yet and fail the replay check.

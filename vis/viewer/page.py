@@ -294,8 +294,9 @@ def show(history: "ModelHistory", mode: str | None = None, depth: int | None = N
     `colour_by` and `colour_legend` colour the op nodes, as `page_html` says.
 
     Raises:
-        As `page_html`, and InvalidOptionError / InvalidArgumentTypeError for a `height`
-        that is not an int of at least 240.
+        TorchlogError: as `page_html` says.
+        InvalidOptionError: `height` is an int below 240.
+        InvalidArgumentTypeError: `height` is not an int.
     """
     page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend)
     return page if height is None else page.sized(height)
