@@ -222,6 +222,18 @@ def test_the_source_history_is_left_as_it_was() -> None:
     assert history.interventions == () and all("interventions" not in p.extra for p in records)
 
 
+def test_a_history_logged_with_interventions_keeps_them() -> None:
+    torch.manual_seed(0)
+    model, x = SimpleRecurrent(), torch.rand(2, 5)
+    first, later = {"fc:3": zero_ablate()}, {"fc:4": scale(2.0)}
+    history = torchlog.log_forward_pass(model, x, save_function_args=True, random_seed=0, intervene=first)
+    replayed = replay(history, later, verify=True, model=model, inputs=x)
+    both = torchlog.log_forward_pass(model, x, random_seed=0, intervene=[*first.items(), *later.items()])
+    _check_same_run(replayed, both)
+    with pytest.raises(InterventionError, match=r"'linear_1_1:3'.*logged with changed it"):
+        replay(history, {"fc:1": scale(2.0)})  # would recompute the zeroed pass without zeroing it
+
+
 # ----- verify --------------------------------------------------------------------------------
 class Branching(nn.Module):
     """Which op runs depends on the sign of a value: replay cannot see the other branch."""

@@ -14,8 +14,8 @@ from torchlog.api import log_forward_pass
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY
 from torchlog.capture.ops import describe
-from torchlog.capture.plan import Act, Firing
-from torchlog.capture.recorder import FiringRecord
+from torchlog.capture.plan import Act, Firing, unfit
+from torchlog.capture.recorder import FiringRecord, _max_change
 from torchlog.capture.rng import rng_restored
 from torchlog.capture.writes import returns_nothing_but_writes
 from torchlog.errors import (InterventionError, InvalidArgumentTypeError, InvalidOptionError,
@@ -62,19 +62,16 @@ def replay(history: ModelHistory, intervene: Any, *, verify: bool = False,
            input_kwargs: dict[str, Any] | None = None) -> ModelHistory:
     """The run of `history` with `intervene` applied, recomputed from saved values alone.
 
-    Only the passes downstream of the intervened sites are recomputed: each op's saved
-    function is called again on its parents' values (the saved ones, or the recomputed ones
-    where a parent changed) with the RNG state recorded before it, in the grad and autocast
-    state it ran in. The model is not called. Every other pass of the new history is the
-    same PassRecord (and the same saved tensor) as in `history`, not a copy; its layers,
-    modules and labels are those of `history`. Sites and actions are those of
-    `log_forward_pass(intervene=...)` (labels, module addresses, positions, selectors; see
-    `torchlog.interventions`), and `new.interventions` lists each firing in the order an
-    intervened run would make them. Where the model's ops do not depend on the values the
-    intervention changes, the result equals `log_forward_pass(model, x, intervene=...)`;
-    where they do (a data-dependent branch, a Python side effect), replay cannot see it:
-    pass `verify=True` to check against one intervened run of the model. Parameters are
-    read as they are now, so replay a history before the model's weights change.
+    The model is not called. Only the passes downstream of the sites are recomputed: each
+    op's saved function runs again on its parents' values (saved, or recomputed where a
+    parent changed), with the RNG state recorded before it and in the grad and autocast
+    state it ran in. Every other pass is the same PassRecord, holding the same saved tensor,
+    as in `history`. Sites and actions are those of `log_forward_pass(intervene=...)`, and
+    `new.interventions` lists the firings in the order an intervened run makes them. Where
+    the model's ops do not depend on the values the intervention changes, the result equals
+    that intervened run; where they do (a data-dependent branch, a side effect outside
+    torch), replay cannot see it: `verify=True` checks against one run of the model.
+    Parameters are read as they are now: replay before the model's weights change.
 
     Args:
         history: a history logged with `save_function_args=True` and every activation saved.
@@ -114,7 +111,8 @@ def replay(history: ModelHistory, intervene: Any, *, verify: bool = False,
     """
     started = perf_counter()
     passes = _checked_history(history)
-    sites = check_intervene(intervene)
+    earlier = _earlier_pairs(history)
+    sites = tuple(Site(site.number + len(earlier), site.given, site.action) for site in check_intervene(intervene))
     if not sites:
         raise InvalidOptionError("replay needs interventions: pass intervene={site: action}, not None")
     if verify and (model is None or inputs is None):
@@ -122,12 +120,12 @@ def replay(history: ModelHistory, intervene: Any, *, verify: bool = False,
             f"verify=True runs the model once more, so it needs model= and inputs= (and input_kwargs= "
             f"where forward takes keywords), the ones the history was logged with; got model={model!r}")
     planned = _planned(history, passes, sites)
-    replaced_passes, firings = _recompute(passes, planned)
+    replaced_passes, firings = _recompute(passes, planned, {r.label for r in history.interventions})
     new = _history_with(history, passes, replaced_passes, firings, perf_counter() - started)
     if verify:
-        pairs = _earlier_pairs(history) + [(site.given, site.action) for site in sites]
+        pairs = earlier + [(site.given, site.action) for site in sites]
         _verify(new, log_forward_pass(model, inputs, input_kwargs, random_seed=history.random_seed,
-                                      intervene=pairs))
+                                      intervene=pairs, stop_after=history.stopped_at))
     return new
 
 
@@ -241,8 +239,9 @@ class _Replay:
     """The values of one replay: saved ones read once, recomputed ones, and the versions a
     module-exit action leaves for readers inside and after the module call."""
 
-    def __init__(self, passes: list[PassRecord]) -> None:
+    def __init__(self, passes: list[PassRecord], fixed: set[str]) -> None:
         self.passes = passes
+        self.fixed = fixed  # passes the history's own interventions changed
         self.index = {p.label: p.op_index for p in passes}
         self.saved: dict[str, Any] = {}  # label -> saved value, read once (a log file reads from disk)
         self.new: dict[str, torch.Tensor] = {}  # label -> value after replay and actions
@@ -267,10 +266,12 @@ class _Replay:
         return value
 
 
-def _recompute(passes: list[PassRecord], planned: dict[int, list[_Planned]]) -> tuple[dict[int, PassRecord], list]:
+def _recompute(passes: list[PassRecord], planned: dict[int, list[_Planned]],
+               fixed: set[str]) -> tuple[dict[int, PassRecord], list]:
     """New records for every pass an action or a changed parent reaches, by op index, and
-    the firings (FiringRecords, in the order an intervened run makes them)."""
-    state = _Replay(passes)
+    the firings (FiringRecords, in the order an intervened run makes them). `fixed`: the
+    passes the history's own interventions changed, which replay cannot recompute."""
+    state = _Replay(passes, fixed)
     replaced_passes: dict[int, PassRecord] = {}
     firings: list[tuple[tuple, FiringRecord]] = []
     for record in passes[min(planned):]:
@@ -340,6 +341,9 @@ def _replayed(record: PassRecord, parents: dict[str, Any], state: _Replay) -> to
 
 def _unreplayable(record: PassRecord, parents: dict[str, Any], state: _Replay) -> str | None:
     """Why the op of `record` cannot be re-run on other values (in words), or None."""
+    if record.label in state.fixed:
+        return ("an intervention the history was logged with changed it, and replay does not apply "
+                "that one again; replay from a history logged without interventions, passing them all")
     if "view_written_by" in record.extra:
         return ("it is the value of a view after an in-place write through another view of its "
                 "storage, which re-running one op does not give")
@@ -473,35 +477,12 @@ def _applied(planned: _Planned, value: torch.Tensor, firings: list) -> torch.Ten
     except Exception as exc:
         raise InterventionError(f"the action {act.action!r} of site {act.site!r} raised "
                                 f"{type(exc).__name__} {where}: {exc}") from exc
-    problem = _unfit(new, value)
+    problem = unfit(new, value)
     if problem is not None:
         raise InterventionError(f"the action {act.action!r} of site {act.site!r} {problem} {where}; an "
                                 "action must return a tensor of the value's shape, dtype and device")
     firings.append((planned.order, FiringRecord(act.number, firing, act.action, _max_change(value, new))))
     return new
-
-
-def _unfit(new: Any, value: torch.Tensor) -> str | None:
-    if not isinstance(new, torch.Tensor):
-        return f"returned {type(new).__name__} {new!r:.60}, not a tensor"
-    for what, mine, theirs in (("shape", tuple(new.shape), tuple(value.shape)),
-                               ("dtype", new.dtype, value.dtype), ("device", new.device, value.device)):
-        if mine != theirs:
-            return f"returned {what} {mine} for a value of {what} {theirs}"
-    return None
-
-
-def _max_change(old: torch.Tensor, new: torch.Tensor) -> float:
-    """The largest absolute elementwise change (0.0 for empty tensors; NaN where one of the
-    values is NaN and the other is not), as an intervened run reports it."""
-    if new is old or old.numel() == 0:
-        return 0.0
-    with torch.no_grad():
-        a, b = old.detach(), new.detach()
-        if not (a.is_floating_point() or a.is_complex()):
-            a, b = a.double(), b.double()
-        same = (a == b) | (a.isnan() & b.isnan())
-        return float((b - a).abs().masked_fill(same, 0).max())
 
 
 # ----- the new history ---------------------------------------------------------------------------
