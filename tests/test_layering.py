@@ -24,6 +24,7 @@ UPWARD_ENTRY_POINTS = {
     ("torchlog.history", "torchlog.comparison"),
     ("torchlog.arguments", "torchlog.vis"),
     ("torchlog.api", "torchlog.storage"),
+    ("torchlog.patching.result", "torchlog.vis"),
 }
 
 

@@ -462,3 +462,18 @@ def test_find_nonfinite_names_an_input_that_holds_one() -> None:
     x[1, 2] = float("inf")
     found = torchlog.find_nonfinite(Mlp(), x)
     assert found.label == "input_1_0"
+
+
+def test_to_html_colours_run_a_by_relative_difference_and_opens_on_the_first_divergence(tmp_path) -> None:
+    import json
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed[2].weight[0, 0] += 1e-2
+    comparison = torchlog.compare(torchlog.log_forward_pass(model, x), torchlog.log_forward_pass(changed, x))
+    assert comparison.first_divergence.label_a == "linear_2_3"
+    text = open(comparison.to_html(str(tmp_path / "diff.html")), encoding="utf-8").read()
+    assert "relative L2 difference" in text and json.dumps("linear_2_3") in text

@@ -215,3 +215,16 @@ def test_a_metric_that_raises_leaves_the_model_as_it_was() -> None:
         sweep(model, clean, corrupted, select.module_type("Sequential"), flaky, progress=False)
     assert differences(before, take(model)) == []
     assert torch._C._len_torch_function_stack() == 0
+
+
+def test_to_html_colours_the_clean_run_by_effect(tmp_path) -> None:
+    import json
+    import re
+
+    model, clean, corrupted = _setup()
+    result = sweep(model, clean, corrupted, select.module_type("Sequential"), _metric, positions=[4], progress=False)
+    page = result.to_html(str(tmp_path / "effects.html"))
+    text = open(page, encoding="utf-8").read()
+    assert "sweep effect (0 corrupted, 1 clean)" in text
+    for row in result:  # each patched pass carries its effect on the page
+        assert re.search(re.escape(json.dumps(row.label)), text), row.label

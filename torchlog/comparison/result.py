@@ -1,6 +1,7 @@
 """Comparison: two runs compared pass by pass, with where they part; a read-only result."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, overload
 
@@ -45,6 +46,24 @@ class Comparison:
         for row in self.rows:
             found[str(row.status)] += 1
         return found
+
+    def to_html(self, path: str, depth: int | None = None) -> str:
+        """Write the interactive viewer of run a with op nodes coloured by the relative L2
+        difference of each pass from run b (a legend names the scale; passes with nothing
+        to compare are left uncoloured), focused on the first divergence. Returns the path.
+
+        Raises:
+            LogFileNotFoundError: the folder of `path` does not exist.
+        """
+        from torchlog.vis.viewer import to_html  # lazily: the viewer sits beside comparison
+
+        values = {row.label_a: row.diff.rel_l2 for row in self.rows
+                  if row.label_a is not None and row.diff is not None and math.isfinite(row.diff.rel_l2)
+                  and row.label_a in self.a}
+        first = self.first_divergence
+        focus = first.label_a if first is not None and first.label_a in self.a else None
+        return to_html(self.a, path, depth=depth, focus=focus, colour_by=values,
+                       colour_legend="relative L2 difference, ||a - b|| / ||a||")
 
     @property
     def has_local_errors(self) -> bool:

@@ -1,6 +1,7 @@
 """PatchResult: one row per patched site (and position), its metric and normalised effect."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,21 @@ class PatchResult:
             if row.label not in found or abs(row.effect) > abs(found[row.label]):
                 found[row.label] = row.effect
         return found
+
+    def to_html(self, path: str, depth: int | None = None) -> str:
+        """Write the interactive viewer of the clean run with op nodes coloured by effect
+        (per pass, the largest |effect| over its positions; a legend names the scale) and
+        the page focused on the pass of largest effect. Returns the path written.
+
+        Raises:
+            LogFileNotFoundError: the folder of `path` does not exist.
+        """
+        from torchlog.vis.viewer import to_html  # lazily: the viewer sits above patching
+
+        values = {label: effect for label, effect in self.effects().items() if math.isfinite(effect)}
+        focus = max(values, key=lambda label: abs(values[label])) if values else None
+        return to_html(self._history, path, depth=depth, focus=focus, colour_by=values,
+                       colour_legend=f"{self.method} effect (0 corrupted, 1 clean)")
 
     def to_pandas(self) -> Any:
         """A DataFrame with one row per patched run: site, label, module, position, metric, effect.
