@@ -17,9 +17,11 @@ import torch
 __all__ = ["NUM_BINS", "TensorStats", "summarize", "summarize_all"]
 
 NUM_BINS = 24
-# Tensors are summarised in groups of about this many elements (a float64 copy each): small
-# ones share a group, a larger one is a group of its own.
+# Tensors under SMALL elements are summarised in groups of about GROUP_ELEMENTS (a float64
+# copy each); a larger one alone, with plain reductions.
 GROUP_ELEMENTS = 1 << 22
+SMALL = 1 << 12
+BLOCK = 1 << 16  # elements per block of the histogram's arithmetic
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +58,8 @@ def summarize(value: torch.Tensor) -> TensorStats:
 
     Example:
         >>> s = summarize(torch.tensor([0.0, 1.0, 3.0, float("nan"), float("inf")]))
-        >>> s.min, s.max, s.mean, s.num_nan, s.num_inf, s.zeros
-        (0.0, 3.0, 1.3333333333333333, 1, 1, 0.2)
+        >>> s.min, s.max, round(s.mean, 9), s.num_nan, s.num_inf, s.zeros
+        (0.0, 3.0, 1.333333333, 1, 1, 0.2)
         >>> round(s.std, 6), sum(s.counts), len(s.counts)
         (1.247219, 3, 24)
     """
@@ -96,14 +98,19 @@ def _flat(value: Any, position: int) -> torch.Tensor:
 
 
 def _groups(flat: Sequence[torch.Tensor]) -> list[list[int]]:
-    """Positions of `flat` in groups of at most GROUP_ELEMENTS elements (or one tensor)."""
+    """Positions of `flat` in groups: small tensors together, up to GROUP_ELEMENTS elements;
+    a tensor of SMALL elements or more alone (its reductions then need no segment ids)."""
     groups: list[list[int]] = []
+    current: list[int] | None = None
     size = 0
     for i, t in enumerate(flat):
-        if not groups or size + t.numel() > GROUP_ELEMENTS:
-            groups.append([])
-            size = 0
-        groups[-1].append(i)
+        if t.numel() >= SMALL:
+            groups.append([i])
+            continue
+        if current is None or size + t.numel() > GROUP_ELEMENTS:
+            current, size = [], 0
+            groups.append(current)
+        current.append(i)
         size += t.numel()
     return groups
 
@@ -115,45 +122,110 @@ def _concat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.to(torch.float64) for p in parts])
 
 
+class _Segments:
+    """Reductions per part of tensors laid end to end: by segment id per element, or, for a
+    single part, plain torch reductions (each result a 1-element tensor either way)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.n = len(sizes)
+        self.ids = None if self.n == 1 else torch.repeat_interleave(
+            torch.arange(self.n), torch.tensor(sizes, dtype=torch.int64))
+
+    def keep(self, mask: torch.Tensor) -> None:
+        if self.ids is not None:
+            self.ids = self.ids[mask]
+
+    def spread(self, per_part: torch.Tensor) -> torch.Tensor:
+        """Each element's part's value (for one part, that value: broadcast, not copied)."""
+        return per_part[0] if self.ids is None else per_part[self.ids]
+
+    def count(self, mask: torch.Tensor) -> torch.Tensor:
+        if self.ids is None:
+            return torch.count_nonzero(mask).reshape(1)
+        return torch.bincount(self.ids[mask], minlength=self.n)
+
+    def sizes(self, values: torch.Tensor) -> torch.Tensor:
+        if self.ids is None:
+            return torch.tensor([values.numel()])
+        return torch.bincount(self.ids, minlength=self.n)
+
+    def zeros(self, values: torch.Tensor) -> torch.Tensor:
+        if self.ids is None:  # NaN is not zero, as numpy counts
+            return (values.numel() - torch.count_nonzero(values)).reshape(1)
+        return self.count(values == 0)
+
+    def extremes(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(min, max) per part, NaN where a part holds one; 0 for a part without values."""
+        if self.ids is None:
+            if not values.numel():
+                return torch.zeros(1, dtype=values.dtype), torch.zeros(1, dtype=values.dtype)
+            lo, hi = torch.aminmax(values)
+            return lo.reshape(1), hi.reshape(1)
+        empty = torch.zeros(self.n, dtype=values.dtype)
+        return (empty.scatter_reduce(0, self.ids, values, "amin", include_self=False),
+                empty.scatter_reduce(0, self.ids, values, "amax", include_self=False))
+
+    def mean_variance(self, values: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and population variance per part (`count` values each, at least 1)."""
+        if self.ids is None:
+            if not values.numel():
+                return torch.zeros(1, dtype=values.dtype), torch.zeros(1, dtype=values.dtype)
+            variance, mean = torch.var_mean(values, correction=0)
+            return mean.reshape(1), variance.reshape(1)
+        mean = torch.bincount(self.ids, weights=values, minlength=self.n) / count
+        deviation = values - self.spread(mean)
+        return mean, torch.bincount(self.ids, weights=deviation.square_(), minlength=self.n) / count
+
+    def histograms(self, values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """(parts, NUM_BINS) counts in numpy's bins: NUM_BINS equal bins over each part's
+        [lo, hi], edge k at lo + k * (hi - lo) / NUM_BINS and the last at hi, each bin holding
+        its lower edge, the last its upper one too. In blocks that stay in cache."""
+        step = (hi - lo) / NUM_BINS
+        per_bin = 1 / torch.where(step > 0, step, torch.ones_like(step))
+        counts = torch.zeros(self.n * NUM_BINS, dtype=torch.int64)
+        for start in range(0, values.numel(), BLOCK):
+            block = values[start:start + BLOCK]
+            ids = None if self.ids is None else self.ids[start:start + BLOCK]
+            low, width, scale = ((lo[0], step[0], per_bin[0]) if ids is None
+                                 else (lo[ids], step[ids], per_bin[ids]))
+            index = ((block - low) * scale).floor_().clamp_(0, NUM_BINS - 1)
+            # The division can land one bin off an edge; the edges themselves decide.
+            index -= (block < low + index * width).to(index.dtype)
+            index += ((block >= low + (index + 1) * width) & (index < NUM_BINS - 1)).to(index.dtype)
+            index = index.to(torch.int64)
+            counts += torch.bincount(index if ids is None else ids * NUM_BINS + index,
+                                     minlength=self.n * NUM_BINS)
+        return counts.reshape(self.n, NUM_BINS)
+
+
 def _summarize_group(parts: Sequence[torch.Tensor]) -> list[TensorStats]:
-    """Every statistic of every part, each as one segmented reduction over all of them."""
-    n = len(parts)
-    sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64)
+    """Every statistic of every part, each as one reduction over all of them."""
+    sizes = [p.numel() for p in parts]
     x = _concat(parts)
-    seg = torch.repeat_interleave(torch.arange(n), sizes)
-    finite_mask = torch.isfinite(x)
-    num_nan = torch.bincount(seg[torch.isnan(x)], minlength=n)
-    num_zero = torch.bincount(seg[x == 0], minlength=n)
-    if not bool(finite_mask.all()):
-        x, seg = x[finite_mask], seg[finite_mask]
-    num_finite = torch.bincount(seg, minlength=n)
-    lo = torch.zeros(n, dtype=torch.float64).scatter_reduce(0, seg, x, "amin", include_self=False)
-    hi = torch.zeros(n, dtype=torch.float64).scatter_reduce(0, seg, x, "amax", include_self=False)
-    # Sums of x / scale, scale a power of two (exact) at least half of max |x|: no overflow
-    # near 1e308 (2**1024 itself is not a float64).
+    segments = _Segments(sizes)
+    num_zero = segments.zeros(x)
+    lo, hi = segments.extremes(x)
+    num_nan = torch.zeros(segments.n, dtype=torch.int64)
+    if not bool(torch.isfinite(lo).all() and torch.isfinite(hi).all()):  # NaN or Inf somewhere
+        finite = torch.isfinite(x)
+        num_nan = segments.count(torch.isnan(x))
+        x = x[finite]
+        segments.keep(finite)
+        lo, hi = segments.extremes(x)
+    num_finite = segments.sizes(x)
+    # Where |x| is near the float64 limits, x / scale with scale a power of two (exact): no
+    # overflow near 1e308 (2**1024 itself is not a float64), no underflow of the squares of
+    # subnormals. Elsewhere the scale is 1 and costs nothing.
     _, exponent = torch.frexp(torch.maximum(lo.abs(), hi.abs()))
-    scale = torch.ldexp(torch.ones(n, dtype=torch.float64), exponent - 1)
-    scaled = x / scale[seg]
-    count = num_finite.clamp(min=1).to(torch.float64)
-    mean_scaled = torch.bincount(seg, weights=scaled, minlength=n) / count
-    deviation = scaled - mean_scaled[seg]
-    std = torch.sqrt(torch.bincount(seg, weights=deviation * deviation, minlength=n) / count) * scale
-    columns = zip(sizes.tolist(), num_nan.tolist(), num_finite.tolist(), num_zero.tolist(),
-                  lo.tolist(), hi.tolist(), (mean_scaled * scale).tolist(), std.tolist(),
-                  _histograms(x, seg, lo, hi, n).tolist())
+    exponent = torch.where((exponent > 500) | (exponent < -500), exponent - 1, torch.zeros_like(exponent))
+    scale = torch.ldexp(torch.ones(segments.n, dtype=torch.float64), exponent)
+    scaled = x / segments.spread(scale) if bool((exponent != 0).any()) else x
+    mean, variance = segments.mean_variance(scaled, num_finite.clamp(min=1).to(torch.float64))
+    counts = segments.histograms(scaled, lo / scale, hi / scale)
+    columns = zip(sizes, num_nan.tolist(), num_finite.tolist(), num_zero.tolist(), lo.tolist(),
+                  hi.tolist(), (mean * scale).tolist(), (variance.sqrt() * scale).tolist(),
+                  counts.tolist())
     return [_stats(*column) for column in columns]
-
-def _histograms(x: torch.Tensor, seg: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
-                n: int) -> torch.Tensor:
-    """(n, NUM_BINS) counts of equal bins over each part's [lo, hi]; the top edge in the last bin.
-
-    Halves keep hi - lo finite for values near the float64 limits.
-    """
-    half_width = hi / 2 - lo / 2
-    span = torch.where(half_width > 0, half_width, torch.ones_like(half_width))
-    position = (x / 2 - (lo / 2)[seg]) / span[seg]
-    bins = (position * NUM_BINS).floor().clamp_(0, NUM_BINS - 1).to(torch.int64)
-    return torch.bincount(seg * NUM_BINS + bins, minlength=n * NUM_BINS).reshape(n, NUM_BINS)
 
 
 def _stats(numel: int, nan: int, finite: int, zero: int, low: float, high: float, mean: float,
