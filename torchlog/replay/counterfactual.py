@@ -294,12 +294,12 @@ def _recompute(passes: list[PassRecord], planned: dict[int, list[_Planned]],
 
 
 def _with_value(record: PassRecord, value: torch.Tensor, elapsed_s: float) -> PassRecord:
-    """A copy of `record` holding `value` (dataclasses.replace, without its per-field checks:
-    replay makes one per recomputed op)."""
-    fields = {name: getattr(record, name) for name in _RECORD_FIELDS}
-    fields.update(saved=value, tensor_meta=TensorMeta.of(value), grad_saved=None, elapsed_s=elapsed_s,
-                  extra=dict(record.extra))
-    return PassRecord(**fields)
+    """A copy of `record` holding `value` (built positionally: dataclasses.replace checks each
+    field by name, which costs more than the op itself for most ops)."""
+    new = PassRecord(*[getattr(record, name) for name in _RECORD_FIELDS])
+    new.saved, new.tensor_meta, new.grad_saved = value, TensorMeta.of(value), None
+    new.elapsed_s, new.extra = elapsed_s, dict(record.extra)
+    return new
 
 
 def _saved_value(record: PassRecord, state: _Replay) -> torch.Tensor:
