@@ -228,3 +228,15 @@ def test_to_html_colours_the_clean_run_by_effect(tmp_path) -> None:
     assert "sweep effect (0 corrupted, 1 clean)" in text
     for row in result:  # each patched pass carries its effect on the page
         assert re.search(re.escape(json.dumps(row.label)), text), row.label
+
+
+def test_a_sweep_by_replay_equals_the_sweep_by_rerun() -> None:
+    model, clean, corrupted = _setup()
+    sites = [select.module_type("Sequential"), select.func("mul")]
+    rerun = sweep(model, clean, corrupted, sites, _metric, positions=[2, 4], progress=False)
+    replayed = sweep(model, clean, corrupted, sites, _metric, positions=[2, 4], progress=False, engine="replay")
+    assert [(r.label, r.position) for r in rerun] == [(r.label, r.position) for r in replayed]
+    for a, b in zip(rerun, replayed):
+        assert a.metric == pytest.approx(b.metric, rel=1e-6, abs=1e-7), a.label
+    with pytest.raises(InvalidOptionError, match=r"engine must be 'rerun' or 'replay', got 'fast'"):
+        sweep(model, clean, corrupted, sites, _metric, engine="fast")

@@ -24,6 +24,7 @@ from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
 from torchlog.capture.lean import call_names, run_lean
 from torchlog.capture.nesting import find_tensors
+from torchlog.capture.plan import substitute
 from torchlog.errors import InterventionError, InvalidArgumentTypeError, InvalidOptionError
 from torchlog.history import ModelHistory, all_passes
 from torchlog.model_state import model_kept
@@ -50,11 +51,13 @@ class Setup:
     corrupted_metric: float
     history: ModelHistory  # the clean run, metadata only
     named: dict[str, nn.Module]
+    corrupted_output: Any = None  # what forward returned for the corrupted input
 
 
 def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Callable[[Any], Any], *,
           positions: Sequence[int] | None = None, position_dim: int = 1, batch_size: int | None = None,
-          input_kwargs: dict | None = None, progress: bool | None = None) -> PatchResult:
+          input_kwargs: dict | None = None, progress: bool | None = None,
+          engine: str = "rerun") -> PatchResult:
     """Patch each site's clean value (at each position) into the corrupted run; measure `metric`.
 
     Args:
@@ -70,6 +73,12 @@ def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Call
             values at every site and a model whose batch rows are independent.
         input_kwargs: keyword arguments for forward, for both inputs.
         progress: show a tqdm bar (None: when the sweep takes longer than a second).
+        engine: 'rerun' (run the model once per patched run, or per batch) or 'replay'
+            (log the corrupted run once with its function arguments and recompute, per
+            patch, only the ops downstream of the site from saved values:
+            torchlog.replay.replay; the metric gets the model's output structure with the
+            replayed values). Replay equals a rerun where control flow does not depend on
+            values.
 
     Returns:
         A PatchResult, one row per site pass (and position), effect 0 = corrupted, 1 = clean.
@@ -88,10 +97,16 @@ def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Call
         >>> [round(row.effect, 6) for row in result]  # either layer carries all of the difference
         [1.0, 1.0]
     """
+    if engine not in ("rerun", "replay"):
+        raise InvalidOptionError(f"engine must be 'rerun' or 'replay', got {engine!r}")
+    if engine == "replay" and batch_size is not None:
+        raise InvalidOptionError("engine='replay' recomputes one patch at a time; leave batch_size=None")
     setup = prepare_sweep(model, clean, corrupted, sites, metric, input_kwargs)
     patches = [(target, position) for target in setup.targets
                for position in (positions if positions is not None else [None])]
     _check_positions(setup, positions, position_dim)
+    if engine == "replay":
+        return _replayed_sweep(setup, patches, position_dim, metric, progress)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise InvalidOptionError(f"batch_size must be None or an int >= 1, got {batch_size!r}")
     rows: list[PatchRow] = []
@@ -144,7 +159,31 @@ def prepare_sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any,
     clean_metric = number(metric(clean_pass.output), "metric(clean output)")
     corrupted_metric = number(metric(corrupted_pass.output), "metric(corrupted output)")
     return Setup(model, clean_args, corrupted_args, kwargs, targets, clean_values, clean_metric,
-                 corrupted_metric, probe, dict(named))
+                 corrupted_metric, probe, dict(named), corrupted_pass.output)
+
+
+def _replayed_sweep(setup: Setup, patches: list, position_dim: int, metric: Callable,
+                    progress: bool | None) -> PatchResult:
+    """The sweep by replay: one logged corrupted run, each patch recomputed downstream of its site."""
+    from torchlog.replay.counterfactual import replay  # replay sits beside patching
+
+    logged = log_forward_pass(setup.model, setup.corrupted, setup.kwargs, save_function_args=True,
+                              random_seed=0)
+    template = setup.corrupted_output
+    returned = [t for t, _ in find_tensors(template)]
+    rows: list[PatchRow] = []
+    bar = _Progress(len(patches), progress)
+    with torch.no_grad():
+        for target, position in patches:
+            fn = _patch_fn(setup.clean_values[target.record.label], position, position_dim, None)
+            new = replay(logged, {target.record.label: lambda value, firing, fn=fn: fn(value)})
+            output = template
+            for old, label in zip(returned, new.output_layers):
+                output = substitute(output, old, new[label].tensor_contents)
+            rows.append(_row(setup, target, position, number(metric(output), "metric(output)")))
+            bar.update(1)
+    bar.close()
+    return PatchResult(rows, setup.clean_metric, setup.corrupted_metric, "sweep", setup.history)
 
 
 def find_targets(history: ModelHistory, sites: list) -> list[Target]:
