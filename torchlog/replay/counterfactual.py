@@ -78,8 +78,10 @@ def replay(history: ModelHistory, intervene: Any, *, verify: bool = False,
         intervene: {site: action} or a list of (site, action) pairs, as for log_forward_pass.
         verify: also run `model` once on the inputs with `intervene` (and any interventions
             `history` was logged with) and compare every pass with the replay.
-        model, inputs, input_kwargs: the model and the inputs `history` was logged with
-            (as log_forward_pass takes them); needed with `verify=True` only.
+        model: the model `history` was logged with; needed with `verify=True` only.
+        inputs: the inputs `history` was logged with (as log_forward_pass takes them);
+            needed with `verify=True` only.
+        input_kwargs: the keyword inputs `history` was logged with, if any.
 
     Returns:
         A new ModelHistory; `history` is not changed.
