@@ -104,6 +104,11 @@ def _hook(calls: dict[int, list[Edit]], reached: set[int]) -> Callable:
 
 def _lean_action(edits: list[Edit], reached: set[int]) -> Callable[[torch.Tensor, Firing], torch.Tensor]:
     def act(value: torch.Tensor, firing: Firing) -> torch.Tensor:
+        record = edits[0].target.record
+        if firing.func_name != record.func_name:  # a call number that moved: never the wrong op
+            raise InterventionError(
+                f"the patched run's call at {record.label!r}'s position is {firing.func_name!r}, not "
+                f"{record.func_name!r}: the run's ops differ from the clean run's before it")
         for edit in edits:
             value = edit.fn(value)
             reached.add(id(edit))

@@ -11,10 +11,11 @@ as in eval mode).
 """
 from __future__ import annotations
 
+import difflib
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,6 +53,8 @@ class Setup:
     history: ModelHistory  # the clean run, metadata only
     named: dict[str, nn.Module]
     corrupted_output: Any = None  # what forward returned for the corrupted input
+    calls: list = field(default_factory=list)  # the clean run's op names, one per call
+    batched_calls: dict = field(default_factory=dict)  # rows -> {unbatched call: batched call}
 
 
 def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Callable[[Any], Any], *,
@@ -149,6 +152,7 @@ def prepare_sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any,
         clean_pass = run_lean(model, clean_args, kwargs, wanted)
         corrupted_pass = run_lean(model, corrupted_args, kwargs, wanted)
     clean_values = {t.record.label: clean_pass.saved[t.call] for t in targets}
+    calls = [c for c in call_names(clean_pass.calls) if not isinstance(c, int)]
     _check_same_calls(probe, call_names(clean_pass.calls), call_names(corrupted_pass.calls), targets)
     for target in targets:
         want, got = tuple(clean_values[target.record.label].shape), tuple(corrupted_pass.saved[target.call].shape)
@@ -159,7 +163,7 @@ def prepare_sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any,
     clean_metric = number(metric(clean_pass.output), "metric(clean output)")
     corrupted_metric = number(metric(corrupted_pass.output), "metric(corrupted output)")
     return Setup(model, clean_args, corrupted_args, kwargs, targets, clean_values, clean_metric,
-                 corrupted_metric, probe, dict(named), corrupted_pass.output)
+                 corrupted_metric, probe, dict(named), corrupted_pass.output, calls)
 
 
 def _replayed_sweep(setup: Setup, patches: list, position_dim: int, metric: Callable,
@@ -272,11 +276,48 @@ def _run_group(setup: Setup, group: list, position_dim: int, metric: Callable, b
                                           setup.named)), "metric(output)") for t, p in group]
     size = _batch_of(setup.corrupted)
     args = _repeat(setup.corrupted, len(group), size)
-    edits = [Edit(t, _patch_fn(setup.clean_values[t.record.label], p, position_dim, (i * size, (i + 1) * size)))
+    moved = _batched_calls(setup, args, len(group))
+    edits = [Edit(_moved(t, moved), _patch_fn(setup.clean_values[t.record.label], p, position_dim,
+                                              (i * size, (i + 1) * size)))
              for i, (t, p) in enumerate(group)]
     output = run_patched(setup.model, args, setup.kwargs, edits, setup.named)
     return [number(metric(_rows(output, i * size, (i + 1) * size, len(group) * size)), "metric(output)")
             for i in range(len(group))]
+
+
+def _batched_calls(setup: Setup, args: tuple, rows: int) -> dict[int, int]:
+    """Call number in the unbatched run -> call number in a forward over `rows` repeats of
+    the corrupted input: a model may run other ops for a larger batch (transformers expand
+    position ids once the batch has several rows), so the calls are aligned by name, as
+    difflib aligns two sequences; cached per number of rows."""
+    found = setup.batched_calls.get(rows)
+    if found is None:
+        with model_kept(list(setup.model.named_modules())):
+            batched = [c for c in call_names(run_lean(setup.model, args, setup.kwargs, {}).calls)
+                       if not isinstance(c, int)]
+        found = {}
+        matcher = difflib.SequenceMatcher(None, setup.calls, batched, autojunk=False)
+        for a, b, n in matcher.get_matching_blocks():
+            found.update((a + k + 1, b + k + 1) for k in range(n))
+        setup.batched_calls[rows] = found
+    return found
+
+
+def _moved(target: Target, moved: dict[int, int]) -> Target:
+    """`target` with its op's call number in the batched run (module outputs need none).
+
+    Raises:
+        InterventionError: the batched run has no call matching the target's.
+    """
+    if target.module_call is not None:
+        return target
+    call, index = target.call
+    if call not in moved:
+        raise InterventionError(
+            f"with batch_size, the model runs other ops around site {target.site!r} "
+            f"({target.record.label!r}) than for one input, so its op cannot be found in the "
+            "batched forward; use batch_size=None for this site")
+    return Target(target.site, target.record, None, (moved[call], index))
 
 
 def _patch_fn(clean: torch.Tensor, position: int | None, position_dim: int,
