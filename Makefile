@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PIP := .venv/bin/pip
 
-.PHONY: demo test setup dot browser bench clean
+.PHONY: demo test setup dot browser bench docs clean
 
 .venv/.installed: setup.cfg pyproject.toml
 	python3 -m venv .venv
@@ -29,6 +29,10 @@ test: setup
 
 bench: setup
 	$(PY) bench/run.py
+
+# The documentation site (mkdocs.yml), strict: a broken link or an unparsable docstring fails it.
+docs: .venv/.installed
+	$(PY) -m mkdocs build --strict --site-dir build/docs
 
 clean:
 	rm -rf .venv build *.egg-info

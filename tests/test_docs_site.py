@@ -1,0 +1,50 @@
+"""The documentation: the site builds in strict mode and the pages' examples run."""
+from __future__ import annotations
+
+import doctest
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+EXAMPLE_BLOCK = re.compile(r"^```pycon\n(.*?)^```", re.S | re.M)
+PAGES_WITH_EXAMPLES = sorted(p.name for p in DOCS.glob("*.md") if EXAMPLE_BLOCK.search(p.read_text()))
+
+
+def _run_examples(text: str, name: str) -> tuple[doctest.TestResults, str]:
+    """Run the ```pycon blocks of `text` in order, as one doctest sharing its globals."""
+    source = "\n".join(EXAMPLE_BLOCK.findall(text))
+    test = doctest.DocTestParser().get_doctest(source, {"__name__": name}, name, name, 0)
+    report = io.StringIO()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    return runner.run(test, out=report.write), report.getvalue()
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES)
+def test_page_examples_run(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # examples write files (run.h5, net.html) where they stand
+    results, report = _run_examples((DOCS / page).read_text(), f"docs/{page}")
+    assert results.attempted > 0
+    assert results.failed == 0, f"docs/{page}: {results.failed} example(s) failed\n{report}"
+
+
+def test_the_example_runner_reports_a_wrong_output() -> None:
+    results, report = _run_examples("```pycon\n>>> 1 + 1\n3\n```\n", "wrong")
+    assert (results.failed, results.attempted) == (1, 1) and "Expected" in report
+
+
+def test_site_builds_in_strict_mode(tmp_path: Path) -> None:
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install torchlog[docs])")
+    pytest.importorskip("mkdocstrings", reason="the docs extra is not installed (pip install torchlog[docs])")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    api = (tmp_path / "api" / "torchlog" / "index.html").read_text()
+    assert 'id="torchlog.log_forward_pass"' in api, "the API page does not document log_forward_pass"
+    storage = (tmp_path / "api" / "storage" / "index.html").read_text()
+    assert 'id="torchlog.storage.load"' in storage, "torchlog.storage is not read from storage/"
