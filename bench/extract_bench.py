@@ -23,12 +23,11 @@ Runs alternate plain and extract so that drift in machine load hits both; the ra
 given from the medians and from the fastest runs. Targets: 80% of plain for GPT-2 and the
 CNN, 85% for the MLP. The arrays of both are compared.
 
-Then, on the MLP, what each loop costs beyond the bare forward passes: per batch (the
-fixed cost of a batch: the slope between runs over all the samples and over half of
-them, less the forward passes' own) and per run (what is left: file creation, extract's
-logged first batch, reopening the file). A third loop joins them there: the plain loop
-holding its h5py datasets instead of looking each up by name for every write, a more
-careful baseline than the one the targets are set against.
+Then, on the MLP, what each loop spends per batch beyond the bare forward passes (their
+time less a loop of forward passes alone, over the batches; what comes once per run
+included), with a third loop: the plain loop holding its h5py datasets instead of
+looking each up by name for every write, a more careful baseline than the one the
+targets are set against.
 
 Then the CNN's write rate for each layout extract offers (contiguous, the default when the
 size is known; chunks of whole batches; gzip; lzf): MB/s of time spent writing (inside the
@@ -81,7 +80,7 @@ class ExtractCase:
     modules: tuple[str, ...]  # whose outputs are saved (the plain loop hooks them)
     by_label: bool  # name them to extract by label (lean capture), else by address (hooks)
     target: float = 0.80  # extract's samples/s over plain's, at least
-    per_batch: bool = False  # also measure the fixed cost per batch
+    per_batch: bool = False  # also show what each loop spends per batch beyond the forward
 
 
 class BlockMLP(nn.Sequential):
@@ -197,30 +196,27 @@ def forward_loop(model: nn.Module, samples: torch.Tensor, case: ExtractCase, pat
     return clock() - started
 
 
-def per_batch_costs(case: ExtractCase, repeats: int, folder: Path) -> dict[str, tuple[float, float]]:
-    """What each loop costs beyond the bare forward passes: (microseconds per batch,
-    milliseconds per run). Every loop runs over all the samples and over their first half
-    (same batch size), all taking turns; the per-batch cost is the slope between the two,
-    less the forward's, and the per-run cost what is left of the whole run."""
+def per_batch_costs(case: ExtractCase, repeats: int, folder: Path) -> dict[str, float]:
+    """Microseconds each loop spends per batch beyond the bare forward passes: (its time -
+    the forward loop's) / batches, what comes once per run included (file creation,
+    extract's logged first batch, reopening the file); also the forward pass's own time
+    per batch, and extract's samples/s over the plain loop holding its datasets. All loops
+    take turns, `repeats` times; from the fastest run of each, since load only adds time."""
     model, samples = case.build(), case.samples()
     entries = entries_for(case, model, samples)
-    loops = {"forward": lambda x, p: forward_loop(model, x, case, p),
-             "plain": lambda x, p: plain_loop(model, x, case, p),
-             "kept": lambda x, p: plain_loop(model, x, case, p, keep_datasets=True),
-             "extract": lambda x, p: run_extract(model, x, case, entries, p)}
-    halves = (samples, samples[:len(samples) // 2])
-    times: dict[tuple[str, int], list[float]] = {}
+    loops = {"forward": lambda p: forward_loop(model, samples, case, p),
+             "plain": lambda p: plain_loop(model, samples, case, p),
+             "kept": lambda p: plain_loop(model, samples, case, p, keep_datasets=True),
+             "extract": lambda p: run_extract(model, samples, case, entries, p)}
+    times: dict[str, list[float]] = {}
     for _ in range(repeats):
-        for part in halves:
-            for name, loop in loops.items():
-                times.setdefault((name, len(part)), []).append(loop(part, folder / f"{name}.h5"))
-    median = {key: statistics.median(found) for key, found in times.items()}
-    batches = [-(-len(part) // case.batch_size) for part in halves]
-    slope = {name: (median[(name, len(halves[0]))] - median[(name, len(halves[1]))]) / (batches[0] - batches[1])
-             for name in loops}
-    return {name: ((slope[name] - slope["forward"]) * 1e6,
-                   (median[(name, len(samples))] - batches[0] * slope[name]) * 1e3)
-            for name in loops if name != "forward"}
+        for name, loop in loops.items():
+            times.setdefault(name, []).append(loop(folder / f"{name}.h5"))
+    batches = -(-len(samples) // case.batch_size)
+    costs = {name: (min(times[name]) - min(times["forward"])) / batches * 1e6 for name in loops if name != "forward"}
+    costs["forward"] = min(times["forward"]) / batches * 1e6  # the forward pass itself
+    costs["ratio_kept"] = min(times["kept"]) / min(times["extract"])
+    return costs
 
 
 class _WriteTimer:
@@ -292,15 +288,13 @@ def run(args: argparse.Namespace) -> None:
                             f"{r['ratio']:.0%} of plain (medians; fastest runs {r['ratio_min']:.0%}; "
                             f"target {case.target:.0%})")
         for case in (c for c in cases(args.quick) if c.per_batch):
-            cost = per_batch_costs(case, repeats, Path(folder))
-            print(f"\nBeyond the forward passes, {case.name} (batches of {case.batch_size}; all samples "
-                  f"against half of them, medians):")
-            for name, words in (("plain", "plain loop"), ("kept", "plain loop holding its datasets"),
-                                ("extract", "extract")):
-                per_batch, per_run = cost[name]
-                print(f"  {words:<32} {per_batch:7.0f} us per batch {per_run:7.1f} ms per run")
-            print(f"  extract adds {cost['extract'][0] - cost['plain'][0]:.0f} us per batch and "
-                  f"{cost['extract'][1] - cost['plain'][1]:.1f} ms per run to the plain loop")
+            cost = per_batch_costs(case, 3 * repeats, Path(folder))  # short runs: more of them
+            print(f"\nPer batch beyond the forward pass, {case.name}, {len(case.samples()) // case.batch_size} "
+                  f"batches of {case.batch_size} (fastest of {3 * repeats} runs; once-per-run costs "
+                  f"included; forward passes {cost['forward']:.0f} us):")
+            print(f"  plain loop {cost['plain']:.0f} us, extract {cost['extract']:.0f} us, a plain loop "
+                  f"holding its h5py datasets {cost['kept']:.0f} us (extract at {cost['ratio_kept']:.0%} of "
+                  "its samples/s)")
         cnn = cases(args.quick)[1]
         print(f"\nWrite rates, {cnn.name} ({len(cnn.samples())} samples, three layers):")
         for name, rate, size in write_rates(cnn, Path(folder), repeats):
