@@ -220,3 +220,13 @@ def test_a_history_offers_no_way_to_change_its_passes() -> None:
     with pytest.raises(TypeError):
         del history[0]  # type: ignore[attr-defined]
     assert not hasattr(history, "append") and not hasattr(history, "insert")
+
+
+def test_the_paths_where_new_code_goes_exist() -> None:
+    section = _page().split("## Where new code goes", 1)
+    assert len(section) == 2, "docs/design.md has no 'Where new code goes' section"
+    paths = re.findall(r"`((?:torchlog|storage|vis|tests|docs)/[\w/.]*|setup\.cfg)`",
+                       section[1].split("\n## ", 1)[0])
+    assert len(paths) >= 5, f"the section names too few paths: {paths}"
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"docs/design.md says new code goes in {missing}, which do not exist"
