@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["INPUT", "OUTPUT", "PARAM", "BUFFER", "CREATED", "OP", "MODULE", "FAILED", "DATA",
+__all__ = ["INPUT", "OUTPUT", "PARAM", "BUFFER", "CREATED", "OP", "MODULE", "FAILED", "INTERVENED", "DATA",
            "GRADIENT", "GRAD_FN", "GRAD_LEAF", "Node", "Edge", "Cluster", "VisGraph"]
 
 # Node kinds, each drawn in its own style (see vis/style.py).
 INPUT, OUTPUT, PARAM, BUFFER, CREATED, OP, MODULE, FAILED = (
     "input", "output", "param", "buffer", "created", "op", "module", "failed")
+INTERVENED = "intervened"  # a pass an intervention changed (torchlog.interventions)
 DATA, GRADIENT = "data", "gradient"
 GRAD_FN, GRAD_LEAF = "grad_fn", "grad_leaf"  # nodes of the backward graph (mode='backward')
 

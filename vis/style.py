@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from torchlog.records import NodeKind, PassRecord
 from torchlog.vis.graph import (
-    BUFFER, CREATED, DATA, FAILED, GRAD_FN, GRAD_LEAF, GRADIENT, INPUT, MODULE, OP, OUTPUT, PARAM,
+    BUFFER, CREATED, DATA, FAILED, GRAD_FN, GRAD_LEAF, GRADIENT, INPUT, INTERVENED, MODULE, OP, OUTPUT,
+    PARAM,
 )
 
 __all__ = ["FONT", "GRAPH_ATTRS", "LARGE_GRAPH_NODES", "LARGE_GRAPH_ATTRS", "NODE_DEFAULTS",
@@ -33,6 +34,7 @@ NODE_STYLES: dict[str, dict[str, str]] = {
     OP: {},
     MODULE: {"shape": "box3d", "fillcolor": "#E8E0F5"},
     FAILED: {"shape": "octagon", "fillcolor": "#E03030", "fontcolor": "white", "color": "#8B0000"},
+    INTERVENED: {"shape": "hexagon", "fillcolor": "#FFC04D", "color": "#B35900", "penwidth": "2"},
     GRAD_FN: {"fillcolor": "#D3D3D3"},  # torchviz's colours for autograd nodes and leaves
     GRAD_LEAF: {"fillcolor": "#ADD8E6"},
 }
@@ -42,11 +44,11 @@ EDGE_STYLES: dict[str, dict[str, str]] = {
     # Gradients run against the data flow, so they must not pull the layout around.
     GRADIENT: {"color": "#7B2FBE", "fontcolor": "#7B2FBE", "style": "dashed", "constraint": "false"},
 }
-LEGEND_ORDER = (INPUT, OUTPUT, PARAM, OP, BUFFER, CREATED, MODULE, FAILED, GRAD_FN, GRAD_LEAF)
+LEGEND_ORDER = (INPUT, OUTPUT, PARAM, OP, BUFFER, CREATED, MODULE, FAILED, INTERVENED, GRAD_FN, GRAD_LEAF)
 LEGEND_TEXT = {
     INPUT: "input", OUTPUT: "output", PARAM: "parameter op", OP: "op",
     BUFFER: "buffer (dashed)", CREATED: "created in forward (rounded)",
-    MODULE: "collapsed module", FAILED: "op that raised",
+    MODULE: "collapsed module", FAILED: "op that raised", INTERVENED: "intervened (hexagon)",
     GRAD_FN: "autograd node (grad_fn)", GRAD_LEAF: "parameter (AccumulateGrad)",
 }
 INPLACE_TEXT = "in-place (double border)"
@@ -59,7 +61,9 @@ _KIND_OF = {NodeKind.INPUT: INPUT, NodeKind.OUTPUT: OUTPUT, NodeKind.BUFFER: BUF
 
 
 def kind_of(record: PassRecord) -> str:
-    """The node kind of a pass: input, output, buffer, created, parameter op or plain op."""
+    """The node kind of a pass: intervened, input, output, buffer, created, parameter op or plain op."""
+    if "interventions" in record.extra:
+        return INTERVENED
     kind = _KIND_OF.get(record.kind)
     if kind is not None:
         return kind

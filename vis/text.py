@@ -39,6 +39,8 @@ def pass_lines(record: PassRecord) -> tuple[str, ...]:
         lines.insert(1, record.buffer_address)
     if record.params:
         lines.append(params_text(record.params))
+    for mark in record.extra.get("interventions", ()):
+        lines.append(f"intervened: {mark['action']}")
     return tuple(lines)
 
 

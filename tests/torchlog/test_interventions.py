@@ -600,3 +600,22 @@ def test_a_log_file_records_the_interventions_as_data_and_marks_the_passes(tmp_p
     assert "Interventions: 1 fired" in str(loaded) and "Intervened: add(" in str(loaded["relu_1_2"])
     with open(path, "rb") as f:
         assert b"pickle" not in f.read()
+
+
+def test_intervened_passes_are_drawn_in_their_own_style_and_name_the_action(tmp_path) -> None:
+    import json
+
+    from torchlog.vis.style import LEGEND_TEXT, NODE_STYLES, kind_of
+    from torchlog.vis.viewer.data import page_data
+
+    model, x = _net()
+    history = torchlog.log_forward_pass(model, x, intervene={"relu_1_2": scale(0.5)})
+    assert kind_of(history["relu_1_2"]) == "intervened" and kind_of(history["linear_1_1"]) != "intervened"
+    assert NODE_STYLES["intervened"]["shape"] == "hexagon" and "intervened" in LEGEND_TEXT
+    data = page_data(history, "unrolled", None)
+    entry = next(p for p in data["passes"] if p["label"] == "relu_1_2")
+    assert entry["kind"] == "intervened" and "intervened: scale(k=0.5)" in entry["lines"]
+    assert entry["interventions"][0].startswith("scale(k=0.5) at site 'relu_1_2', max |change| ")
+    assert "intervened" in data["dot"]["kinds"]
+    page = history.to_html(str(tmp_path / "acted.html"))
+    assert json.dumps("intervened: scale(k=0.5)") in open(page, encoding="utf-8").read()

@@ -18,7 +18,7 @@ from torchlog.capture.functionals import FUNCTIONAL_KEY
 from torchlog.labels import split_pass
 from torchlog.records import LayerRecord, ModuleRecord, PassRecord
 from torchlog.vis.edges import args_between, shows_arg
-from torchlog.vis.graph import BUFFER, CREATED, FAILED, INPUT, MODULE, OP, OUTPUT, PARAM
+from torchlog.vis.graph import BUFFER, CREATED, FAILED, INPUT, INTERVENED, MODULE, OP, OUTPUT, PARAM
 from torchlog.vis.placement import module_title
 from torchlog.vis.style import (
     EDGE_DEFAULTS, GRAPH_ATTRS, INPLACE_STYLE, LARGE_GRAPH_ATTRS, LARGE_GRAPH_NODES, NODE_DEFAULTS,
@@ -93,7 +93,7 @@ def _dot_styles() -> dict[str, Any]:
     """The graphviz view's look, so both views draw each kind the same way."""
     return {"graph": dict(GRAPH_ATTRS), "node": dict(NODE_DEFAULTS), "edge": dict(EDGE_DEFAULTS),
             "kinds": {kind: dict(NODE_STYLES[kind]) for kind in
-                      (INPUT, OUTPUT, PARAM, BUFFER, CREATED, OP, MODULE, FAILED)},
+                      (INPUT, OUTPUT, PARAM, BUFFER, CREATED, OP, MODULE, FAILED, INTERVENED)},
             "inplace": dict(INPLACE_STYLE), "large": dict(LARGE_GRAPH_ATTRS),
             "largeNodes": LARGE_GRAPH_NODES}
 
@@ -151,6 +151,9 @@ def _pass_entry(record: PassRecord, stats: dict[str, Any] | None,
         "params": [[p.address, list(p.shape), p.num_params] for p in record.params],
         "address": record.buffer_address,
         "stats": stats,
+        "interventions": [f"{mark['action']} at site {mark['site']!r}, max |change| "
+                          f"{'nan' if mark['max_abs_change'] is None else format(mark['max_abs_change'], '.4g')}"
+                          for mark in record.extra.get("interventions", ())],
     }
     entry.update((key, value) for key, value in optional.items() if value)
     if record.has_grad:
