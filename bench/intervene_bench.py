@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torchlog  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+from provenance import cpu_model, provenance  # noqa: E402
 from torchlog import select  # noqa: E402
 from torchlog.api import _run  # noqa: E402
 from torchlog.arguments import prepare  # noqa: E402
@@ -99,16 +100,6 @@ def _measure(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, f
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
@@ -118,7 +109,7 @@ def main() -> None:
     models = _bench_models()
     cases = [("GPT-2 (6 layers)", models.gpt2_small(), torch.randint(0, 1000, (1, 128))),
              ("ResNet-50 224x224", models.resnet50(), torch.randn(1, 3, 224, 224))]
-    lines = [f"intervene_bench: torchlog {_commit()}, {_cpu()}, {torch.get_num_threads()} thread, "
+    lines = [f"intervene_bench: torchlog {provenance()['commit']}, {cpu_model()}, {torch.get_num_threads()} thread, "
              f"{args.rounds} rounds, median process CPU time"]
     with torch.no_grad():
         for name, model, x in cases:
@@ -131,13 +122,6 @@ def main() -> None:
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")
-
-
-def _commit() -> str:
-    import subprocess
-
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "?"
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torchlog  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+from provenance import cpu_model, provenance  # noqa: E402
 from torchlog import select  # noqa: E402
 from torchlog.patching import attribution, sweep  # noqa: E402
 from torchlog.patching.runs import Edit, run_patched  # noqa: E402
@@ -124,7 +126,7 @@ def main() -> None:
     medians["attribution"] = _timed({"a": lambda: attribution(model, clean, corrupted, sites, _metric,
                                                               positions=positions, input_kwargs=kwargs)}, args.rounds)["a"]
     base, loop, setup = medians["plain forward"], medians["hook loop (96 runs)"], medians["sweep set-up (1 metadata log + 2 lean passes)"]
-    lines.append(f"patching_bench: torchlog {_commit()}, {_cpu()}, 1 thread, {args.rounds} rounds, median process CPU time")
+    lines.append(f"patching_bench: torchlog {provenance()['commit']}, {cpu_model()}, 1 thread, {args.rounds} rounds, median process CPU time")
     lines.append(f"GPT-2 (6 layers, hidden 256, 16 tokens), 6 blocks x 16 positions; sweep vs hook loop max |metric diff| {worst:.2e}")
     for name, value in medians.items():
         lines.append(f"  {name:<48} {value * 1e3:9.1f} ms   x{value / loop:.3f} of the hook loop   "
@@ -162,23 +164,6 @@ def _fixed_cost(rounds: int) -> list[str]:
     med = {k: statistics.median(v) for k, v in times.items()}
     return [f"per-run fixed cost on nn.Linear(8, 8): plain {med['plain'] / 1e3:.1f} us; patched run minus plain: "
             f"hook edit {(med['hook edit'] - med['plain']) / 1e3:.1f} us, lean edit {(med['lean edit'] - med['plain']) / 1e3:.1f} us"]
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
-
-
-def _commit() -> str:
-    import subprocess
-
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "?"
 
 
 if __name__ == "__main__":

@@ -48,3 +48,14 @@ def provenance_line() -> str:
     p = provenance()
     return (f"# {p['date']}; torchlog {p['commit']} ({p['torchlog']}); {p['uptime']}; "
             f"command: {p['command']}")
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it ('AMD EPYC ...'), or '?'."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
