@@ -1,4 +1,5 @@
-"""The documentation: the site builds in strict mode and the pages' examples run."""
+"""The documentation: the site builds in strict mode, the pages' and the README quickstart's examples run,
+and every page the README links to exists."""
 from __future__ import annotations
 
 import doctest
@@ -13,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 EXAMPLE_BLOCK = re.compile(r"^```pycon\n(.*?)^```", re.S | re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)")  # a Markdown link's target
 PAGES_WITH_EXAMPLES = sorted(p.name for p in DOCS.glob("*.md") if EXAMPLE_BLOCK.search(p.read_text()))
 
 
@@ -36,6 +38,30 @@ def test_page_examples_run(page: str, tmp_path: Path, monkeypatch: pytest.Monkey
 def test_the_example_runner_reports_a_wrong_output() -> None:
     results, report = _run_examples("```pycon\n>>> 1 + 1\n3\n```\n", "wrong")
     assert (results.failed, results.attempted) == (1, 1) and "Expected" in report
+
+
+def test_readme_quickstart_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # it writes model.html
+    text = (ROOT / "README.md").read_text()
+    assert "## Quickstart" in text and EXAMPLE_BLOCK.search(text), "the README has no ```pycon quickstart"
+    results, report = _run_examples(text, "README.md")
+    assert results.failed == 0, f"README.md: {results.failed} example(s) failed\n{report}"
+
+
+def test_every_file_the_readme_links_to_exists() -> None:
+    targets = [t for t in LINK.findall((ROOT / "README.md").read_text())
+               if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+    assert any(t.startswith("docs/") for t in targets), "the README links to no page of docs/"
+    missing = sorted({t for t in targets if not (ROOT / t.split("#")[0]).is_file()})
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_every_guide_page_is_linked_from_the_readme() -> None:
+    linked = {t.split("#")[0] for t in LINK.findall((ROOT / "README.md").read_text())}
+    nav = re.findall(r":\s+([\w-]+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert len(nav) >= 10, f"mkdocs.yml's nav lists too few pages: {nav}"
+    unlinked = sorted(p for p in nav if f"docs/{p}" not in linked)
+    assert not unlinked, f"README.md links to no page for {unlinked}"
 
 
 def test_site_builds_in_strict_mode(tmp_path: Path) -> None:
