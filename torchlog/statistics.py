@@ -1,10 +1,11 @@
 """Summary statistics of saved tensors: the one definition the viewer and every exporter use.
 
-`summarize_all` takes many tensors at once and computes each statistic for all of them with a
-handful of segmented torch reductions, so 20,000 small activations cost about as much as one
-large one; `summarize` is the same code for one tensor. Every statistic except the NaN, Inf
-and zero counts is over the finite entries, in float64; the std is the population std
-(divided by the number of finite entries, as numpy's and TensorBoard's), not the unbiased one.
+`summarize_all` takes many tensors at once: small ones are laid end to end and each statistic
+is one segmented reduction over all of them, so 20,000 small activations cost about as much
+as a few large ones; `summarize` is the same code for one tensor. Every statistic except the
+NaN, Inf and zero counts is over the finite entries, in float64; the std is the population
+std (divided by the number of finite entries, as numpy's and TensorBoard's), not the unbiased
+one; the histogram is `torch.histogram`'s, NUM_BINS equal bins from the min to the max.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ NUM_BINS = 24
 # copy each); a larger one alone, with plain reductions.
 GROUP_ELEMENTS = 1 << 22
 SMALL = 1 << 12
-BLOCK = 1 << 16  # elements per block of the histogram's arithmetic
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class TensorStats:
     max: float | None
     mean: float | None
     std: float | None  # population std: sqrt(mean((x - mean)**2)); 0.0 for one entry
-    counts: tuple[int, ...]  # NUM_BINS equal bins over [min, max]; one bin when min == max
+    counts: tuple[int, ...]  # torch.histogram's NUM_BINS bins over [min, max]; one when min == max
 
     @property
     def num_finite(self) -> int:
@@ -46,8 +46,9 @@ class TensorStats:
         """The len(counts) + 1 edges of the histogram's bins, from min to max."""
         if not self.counts:
             return []
-        lo, hi, n = self.min, self.max, len(self.counts)
-        return [lo + (hi - lo) * (i / n) if i < n else hi for i in range(n + 1)]
+        if len(self.counts) == 1:
+            return [self.min, self.max]
+        return torch.linspace(self.min, self.max, NUM_BINS + 1, dtype=torch.float64).tolist()
 
 
 def summarize(value: torch.Tensor) -> TensorStats:
@@ -176,27 +177,6 @@ class _Segments:
         deviation = values - self.spread(mean)
         return mean, torch.bincount(self.ids, weights=deviation.square_(), minlength=self.n) / count
 
-    def histograms(self, values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-        """(parts, NUM_BINS) counts in numpy's bins: NUM_BINS equal bins over each part's
-        [lo, hi], edge k at lo + k * (hi - lo) / NUM_BINS and the last at hi, each bin holding
-        its lower edge, the last its upper one too. In blocks that stay in cache."""
-        step = (hi - lo) / NUM_BINS
-        per_bin = 1 / torch.where(step > 0, step, torch.ones_like(step))
-        counts = torch.zeros(self.n * NUM_BINS, dtype=torch.int64)
-        for start in range(0, values.numel(), BLOCK):
-            block = values[start:start + BLOCK]
-            ids = None if self.ids is None else self.ids[start:start + BLOCK]
-            low, width, scale = ((lo[0], step[0], per_bin[0]) if ids is None
-                                 else (lo[ids], step[ids], per_bin[ids]))
-            index = ((block - low) * scale).floor_().clamp_(0, NUM_BINS - 1)
-            # The division can land one bin off an edge; the edges themselves decide.
-            index -= (block < low + index * width).to(index.dtype)
-            index += ((block >= low + (index + 1) * width) & (index < NUM_BINS - 1)).to(index.dtype)
-            index = index.to(torch.int64)
-            counts += torch.bincount(index if ids is None else ids * NUM_BINS + index,
-                                     minlength=self.n * NUM_BINS)
-        return counts.reshape(self.n, NUM_BINS)
-
 
 def _summarize_group(parts: Sequence[torch.Tensor]) -> list[TensorStats]:
     """Every statistic of every part, each as one reduction over all of them."""
@@ -221,11 +201,26 @@ def _summarize_group(parts: Sequence[torch.Tensor]) -> list[TensorStats]:
     scale = torch.ldexp(torch.ones(segments.n, dtype=torch.float64), exponent)
     scaled = x / segments.spread(scale) if bool((exponent != 0).any()) else x
     mean, variance = segments.mean_variance(scaled, num_finite.clamp(min=1).to(torch.float64))
-    counts = segments.histograms(scaled, lo / scale, hi / scale)
-    columns = zip(sizes, num_nan.tolist(), num_finite.tolist(), num_zero.tolist(), lo.tolist(),
-                  hi.tolist(), (mean * scale).tolist(), (variance.sqrt() * scale).tolist(),
-                  counts.tolist())
+    finite_counts = num_finite.tolist()
+    counts = _histograms(scaled, finite_counts, (lo / scale).tolist(), (hi / scale).tolist())
+    columns = zip(sizes, num_nan.tolist(), finite_counts, num_zero.tolist(), lo.tolist(),
+                  hi.tolist(), (mean * scale).tolist(), (variance.sqrt() * scale).tolist(), counts)
     return [_stats(*column) for column in columns]
+
+
+def _histograms(x: torch.Tensor, sizes: list[int], lo: list[float], hi: list[float]) -> list[list[int]]:
+    """Each part's counts in NUM_BINS equal bins over its [lo, hi]: `torch.histogram`'s bins
+    (edges from `torch.linspace`; each bin holds its lower edge, the last its upper one
+    too); one bin when lo == hi, none without values."""
+    found, start = [], 0
+    for size, low, high in zip(sizes, lo, hi):
+        part = x[start:start + size]
+        start += size
+        if not size or high <= low:
+            found.append([size] if size else [])
+            continue
+        found.append(torch.histogram(part, bins=NUM_BINS, range=(low, high)).hist.long().tolist())
+    return found
 
 
 def _stats(numel: int, nan: int, finite: int, zero: int, low: float, high: float, mean: float,
@@ -237,4 +232,4 @@ def _stats(numel: int, nan: int, finite: int, zero: int, low: float, high: float
         return TensorStats(**common, min=None, max=None, mean=None, std=None, counts=())
     return TensorStats(**common, min=low, max=high,
                        mean=min(max(mean, low), high),  # rounding can put it a hair outside
-                       std=std, counts=tuple(counts) if high > low else (finite,))
+                       std=std, counts=tuple(counts))
