@@ -1,18 +1,24 @@
-"""Interactive viewer figures, measured in headless Chromium (not timed tests).
+"""Interactive viewer figures: page build time in Python, HTML size, and in headless Chromium
+the first view and expand times (not timed tests; issue 25's targets are printed beside them).
 
     .venv/bin/python bench/viewer_bench.py            # GPT-2 12 layers and a 20,000-op loop
     .venv/bin/python bench/viewer_bench.py --quick    # GPT-2 2 layers and a 2,000-op loop
 
-For each model: HTML size, time to build the page in Python, and in the browser the time
-from the start of navigation until the default view is drawn (`open_ms`, the page's own
-`performance.now()`; `open_wall_s` adds selenium's round trips), the time to draw every
-module expanded and to expand one module from the default view (layout + drawing).
+For each history: ops, the page's HTML size, the median time of `page_html` over three builds
+(and of its statistics alone), then in the browser the time from the start of navigation until
+the default view is drawn (`open_ms`, the page's own `performance.now()`), and the layout and
+drawing time of expanding one module (a block, then an attention inside it) from that view and
+of expanding every module. Results go to bench/results/viewer-<commit>-<machine>.{txt,json}.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import platform
+import re
+import statistics
 import sys
 import tempfile
 import time
@@ -27,7 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "vis")
 import torchlog  # noqa: E402
 from browser import open_page, run_and_wait, start_browser  # noqa: E402
 from models import gpt2_small  # noqa: E402
+from provenance import provenance, provenance_line  # noqa: E402
+from torchlog.statistics import summarize_all  # noqa: E402
 from torchlog.vis.viewer.page import page_html  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# Issue 25's targets, for the printed verdicts.
+TARGETS = {"build_s (20,000 ops)": 5.0, "html_mb (GPT-2 12 layers)": 3.0,
+           "open_ms (GPT-2 12 layers)": 1000.0, "expand_ms (GPT-2 12 layers)": 200.0}
 
 
 class SteppedCell(nn.Module):
@@ -45,67 +58,114 @@ class SteppedCell(nn.Module):
         return h
 
 
+def machine() -> str:
+    """'amd-epyc-2cores': the CPU model and the cores this process may use, for file names."""
+    model = "unknown-cpu"
+    with contextlib.suppress(OSError):
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        model = found[1] if found else model
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{re.sub(r'[^a-z0-9]+', '-', model.lower()).strip('-')}-{cores}cores"
+
+
 def _cases(quick: bool) -> list[tuple[str, nn.Module, tuple]]:
     layers = 2 if quick else 12
     gpt = gpt2_small(num_layers=layers, hidden=256, num_heads=4)
     tokens = torch.randint(0, gpt.config.vocab_size, (1, 128))
     steps = 500 if quick else 5000
-    return [(f"GPT-2, {layers} layers, hidden 256, seq 128", gpt, (tokens,)),
-            (f"stepped cell, {steps} steps ({steps * 4} ops)", SteppedCell(steps), (torch.randn(4, 16),))]
+    return [(f"GPT-2 {layers} layers", gpt, (tokens,)),
+            (f"{steps * 4} ops", SteppedCell(steps), (torch.randn(4, 16),))]
 
 
-def _first_module(driver) -> str:
-    return driver.execute_script(
-        "const g = document.querySelector('[data-expanded=\"false\"]'); return g && g.dataset.module;")
+def build_times(history: torchlog.ModelHistory, repeats: int = 3) -> tuple[float, float, str]:
+    """Median seconds of `page_html` and of the statistics alone, and the page."""
+    values = [r.tensor_contents for r in history if r.saved is not None]
+    stats_s, build_s, page = [], [], ""
+    threads = torch.get_num_threads()
+    for _ in range(repeats):
+        torch.set_num_threads(1)  # as the page builds them
+        started = time.perf_counter()
+        summarize_all(values)
+        stats_s.append(time.perf_counter() - started)
+        torch.set_num_threads(threads)
+        started = time.perf_counter()
+        page = page_html(history)
+        build_s.append(time.perf_counter() - started)
+    return statistics.median(build_s), statistics.median(stats_s), page
+
+
+def _expand(driver, module: str) -> float | None:
+    """Layout and drawing time of opening `module` (an address) from the current view."""
+    found = driver.execute_script(
+        f"return Boolean(document.querySelector('#torchlog-graph g.node[data-module=\"{module}\"]'))")
+    if not found:
+        return None
+    run_and_wait(driver, f"await window.torchlogViewer.toggleModule({module!r});")
+    return driver.execute_script("return window.torchlogViewer.timings.at(-1).ms")
 
 
 def measure(name: str, model: nn.Module, inputs: tuple, driver, folder: Path) -> dict:
     history = torchlog.log_forward_pass(model, inputs, random_seed=0)
-    started = time.perf_counter()
-    page = page_html(history)
-    build_s = time.perf_counter() - started
+    build_s, stats_s, page = build_times(history)
     path = folder / "page.html"
     path.write_text(page, encoding="utf-8")
-    started = time.perf_counter()
     open_page(driver, path, timeout_s=600)
-    open_wall_s = time.perf_counter() - started
-    timings = driver.execute_script("return window.torchlogViewer.timings")
-    row = {"model": name, "ops": len(history), "html_mb": len(page.encode()) / 2**20,
-           "build_s": build_s, "open_wall_s": open_wall_s,
-           "open_ms": driver.execute_script("return window.torchlogViewer.openedMs"),
-           "phases_ms": driver.execute_script(
-               "const p = window.torchlogViewer.phases; return `script ${p.script.toFixed(0)}, "
-               "graphviz ${p.graphviz.toFixed(0)}, drawn ${p.drawn.toFixed(0)}`"),
-           "open_draw_ms": timings[-1]["ms"],
-           "default_nodes": timings[-1]["nodes"], "mode": driver.execute_script(
-               "return window.torchlogViewer.state.mode")}
-    module = _first_module(driver)
-    if module:
-        run_and_wait(driver, f"await window.torchlogViewer.toggleModule({module!r});")
-        row["expand_one_ms"] = driver.execute_script("return window.torchlogViewer.timings.at(-1).ms")
-    run_and_wait(driver, "await window.torchlogViewer.setDepth(1000);", timeout_s=600)
-    last = driver.execute_script("return window.torchlogViewer.timings.at(-1)")
+    viewer = "window.torchlogViewer"
+    row = {"history": name, "ops": len(history), "html_mb": len(page.encode()) / 2**20,
+           "build_s": build_s, "stats_s": stats_s,
+           "open_ms": driver.execute_script(f"return {viewer}.openedMs"),
+           "open_nodes": driver.execute_script(f"return {viewer}.timings.at(-1).nodes"),
+           "mode": driver.execute_script(f"return {viewer}.state.mode"),
+           "depth": driver.execute_script(f"return {viewer}.state.depth")}
+    if name.startswith("GPT-2"):
+        row["expand_block_ms"] = _expand(driver, "transformer.h.2")
+        row["expand_attention_ms"] = _expand(driver, "transformer.h.2.attn")
+    run_and_wait(driver, f"await {viewer}.setDepth(1000);", timeout_s=600)
+    last = driver.execute_script(f"return {viewer}.timings.at(-1)")
     row["all_nodes"], row["expand_all_ms"] = last["nodes"], last["ms"]
-    row["expand_all_drawn"] = last["reason"] != "too large"
     return row
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    gpt = next((r for r in rows if r["history"] == "GPT-2 12 layers"), None)
+    big = next((r for r in rows if r["history"] == "20000 ops"), None)
+    expands = [v for v in ((gpt or {}).get("expand_block_ms"), (gpt or {}).get("expand_attention_ms")) if v]
+    found = {"build_s (20,000 ops)": big and big["build_s"],
+             "html_mb (GPT-2 12 layers)": gpt and gpt["html_mb"],
+             "open_ms (GPT-2 12 layers)": gpt and gpt["open_ms"],
+             "expand_ms (GPT-2 12 layers)": max(expands, default=None)}
+    return [f"{'ok' if value <= TARGETS[key] else 'OVER'}: {key} {value:.3g} (target <= {TARGETS[key]:g})"
+            for key, value in found.items() if value]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-save", action="store_true", help="print only, write no result file")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
+    lines = [provenance_line(),
+             f"# machine: {machine()}, {platform.machine()}, {platform.platform()}, torch {torch.__version__}"]
     driver = start_browser()
-    print(f"browser: {driver.capabilities.get('browserName')} {driver.capabilities.get('browserVersion')}")
+    lines.append(f"# browser: {driver.capabilities.get('browserName')} {driver.capabilities.get('browserVersion')}")
+    rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for name, model, inputs in _cases(args.quick):
-                row = measure(name, model.eval(), inputs, driver, Path(tmp))
-                print(" | ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                                 for k, v in row.items()))
+                rows.append(measure(name, model.eval(), inputs, driver, Path(tmp)))
+                lines.append(" | ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in rows[-1].items()))
+                print(lines[-1], flush=True)
     finally:
         driver.quit()
+    lines += verdicts(rows)
+    print("\n".join(lines[-len(verdicts(rows)):]) if verdicts(rows) else "")
+    if not args.no_save and not args.quick:
+        stem = RESULTS / f"viewer-{provenance()['commit']}-{machine()}"
+        stem.with_suffix(".txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        stem.with_suffix(".json").write_text(json.dumps({"provenance": provenance(), "rows": rows},
+                                                        indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {stem}.txt and .json")
     return 0
 
 

@@ -668,7 +668,7 @@ def test_nodes_take_colours_from_values_given_in_python_and_from_statistics(driv
 
     history = _nested_history()
     values = {"linear_1_1": 0.1, "relu_1_2": 0.4, "layernorm_1_4": 2.0, "linear_3_9": 0.25}
-    page = to_html(history, tmp_path / "coloured.html", depth=None, colour_by=values,
+    page = to_html(history, tmp_path / "coloured.html", depth=4, colour_by=values,  # all open
                    colour_legend="rel. diff")
     open_page(driver, page)
     assert driver.find_element("id", "torchlog-colour").get_attribute("value") == "custom"

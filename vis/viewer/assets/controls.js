@@ -106,7 +106,7 @@ function installControls() {
   installColours();
 }
 
-const OPEN_SCALE = 0.5;
+const OPEN_MIN_NODES = 8;
 
 async function start() {
   // Milliseconds since navigation started, per phase (the benchmark reports them).
@@ -122,11 +122,20 @@ async function start() {
   phases.graphviz = performance.now();
   await render("open");
   // Without a depth asked for, collapse a level at a time until the whole graph fits the
-  // window at a scale where the nodes' titles stay readable.
-  while (fit() < OPEN_SCALE && DATA.view.pickDepth && state.depth > 1 && !DATA.view.focus) {
+  // window with every node's title readable, but never down to a handful of nodes (a model
+  // whose one wrapper module holds everything).
+  fit();
+  while (hiddenTitles() && DATA.view.pickDepth && state.depth > 1 && !DATA.view.focus) {
     state.depth -= 1;
     expandToDepth();
+    if (placement().units.size < OPEN_MIN_NODES) {
+      state.depth += 1;
+      expandToDepth();
+      fit();
+      break;
+    }
     await render("open at depth " + state.depth);
+    fit();
   }
   if (DATA.view.focus) await goTo(DATA.view.focus);
   else if (await openFromHash()) setStatus("opened at " + location.hash);

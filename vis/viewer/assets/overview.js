@@ -20,6 +20,17 @@ function showDetail(scale) {
   for (const [name, k] of TITLE_GROWTH) classes.toggle("torchlog-hide-" + name, titlesOnly && 10 * k * scale < READABLE_PX);
 }
 
+// How many drawn nodes show no title at the current zoom.
+function hiddenTitles() {
+  const svg = state.drawn && state.drawn.svg;
+  if (!svg) return 0;
+  let hidden = 0;
+  for (const text of svg.querySelectorAll("g.node > text:first-of-type")) {
+    if (getComputedStyle(text).display === "none") hidden += 1;
+  }
+  return hidden;
+}
+
 // Where each node's first line goes when it is the only one shown: how much it may grow
 // and how far it moves to the node's middle (from the SVG's attributes; no layout needed).
 function prepareTitles(svg) {
