@@ -418,3 +418,16 @@ class WritesData(nn.Module):
         h = self.fc(x)
         self.state.data = h.mean(0)
         return h + self.state
+
+
+class SmallCNN(nn.Module):
+    """A classic conv net: features (conv, batch norm, relu, pool, conv, relu), then a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                      nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.ReLU())
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(6 * 2 * 2, 5), nn.Tanh(), nn.Linear(5, 3))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))

@@ -12,25 +12,12 @@ from torch import nn
 
 import torchlog
 from tests.invariants import check_history
-from tests.models import SimpleRecurrent
+from tests.models import SimpleRecurrent, SmallCNN
 from tests.state_snapshot import differences, take
 from torchlog import select
 from torchlog.errors import InterventionError, InvalidArgumentTypeError
 from torchlog.interventions import (add, clamp, mean_ablate, noise, patch_from, project_out,
                                     replace_with, scale, splice, zero_ablate)
-
-
-class SmallCNN(nn.Module):
-    """A classic conv net: features (conv, bn, relu, pool, conv, relu) then a classifier."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                                      nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.ReLU())
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(6 * 2 * 2, 5), nn.Tanh(), nn.Linear(5, 3))
-
-    def forward(self, x):
-        return self.classifier(self.features(x))
 
 
 class TanhMLP(nn.Module):

@@ -14,7 +14,7 @@ from torch import nn
 
 import torchlog
 from tests.invariants import check_history
-from tests.models import SimpleRecurrent
+from tests.models import SimpleRecurrent, SmallCNN
 from torchlog import select
 from torchlog.errors import InterventionError, InvalidArgumentTypeError, InvalidOptionError
 from torchlog.history import all_passes
@@ -76,17 +76,6 @@ def test_the_seed_recurrent_model_with_its_second_linear_pass_zeroed() -> None:
 def test_sites_of_every_kind_on_the_recurrent_model(intervene) -> None:
     torch.manual_seed(0)
     _check_same_run(*_replay_and_rerun(SimpleRecurrent(), torch.rand(3, 5), intervene))
-
-
-class SmallCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                                      nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.ReLU())
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(6 * 2 * 2, 5), nn.Tanh(), nn.Linear(5, 3))
-
-    def forward(self, x):
-        return self.classifier(self.features(x))
 
 
 @pytest.fixture(scope="module")
