@@ -5,11 +5,16 @@ is one segmented reduction over all of them, so 20,000 small activations cost ab
 as a few large ones; `summarize` is the same code for one tensor. Every statistic except the
 NaN, Inf and zero counts is over the finite entries, in float64; the std is the population
 std (divided by the number of finite entries, as numpy's and TensorBoard's), not the unbiased
-one; the histogram is `torch.histogram`'s, NUM_BINS equal bins from the min to the max.
+one; the histogram is numpy's: NUM_BINS equal bins from the min to the max, edge k at
+min + k * (max - min) / NUM_BINS, each bin holding its lower edge and the last its upper
+one too, computed the same way on every machine (torch.linspace's edges depend on the
+CPU's vector width).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +27,8 @@ NUM_BINS = 24
 # copy each); a larger one alone, with plain reductions.
 GROUP_ELEMENTS = 1 << 22
 SMALL = 1 << 12
+BLOCK = 1 << 16  # elements per block of the histogram's arithmetic
+EDGE_SLACK = 1e-9  # of a bin: positions this close to an edge are checked against it
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,19 +43,18 @@ class TensorStats:
     max: float | None
     mean: float | None
     std: float | None  # population std: sqrt(mean((x - mean)**2)); 0.0 for one entry
-    counts: tuple[int, ...]  # torch.histogram's NUM_BINS bins over [min, max]; one when min == max
+    counts: tuple[int, ...]  # NUM_BINS equal bins over [min, max] (numpy's); one when min == max
 
     @property
     def num_finite(self) -> int:
         return self.numel - self.num_nan - self.num_inf
 
     def bin_edges(self) -> list[float]:
-        """The len(counts) + 1 edges of the histogram's bins, from min to max."""
+        """The len(counts) + 1 edges of the histogram's bins: min + k * (max - min) / bins, and max."""
         if not self.counts:
             return []
-        if len(self.counts) == 1:
-            return [self.min, self.max]
-        return torch.linspace(self.min, self.max, NUM_BINS + 1, dtype=torch.float64).tolist()
+        lo, hi, n = self.min, self.max, len(self.counts)
+        return [lo + k * ((hi - lo) / n) for k in range(n)] + [hi]
 
 
 def summarize(value: torch.Tensor) -> TensorStats:
@@ -80,12 +86,27 @@ def summarize_all(values: Iterable[torch.Tensor]) -> list[TensorStats]:
         >>> [s.max for s in summarize_all([torch.ones(3), torch.arange(5), torch.tensor([True])])]
         [1.0, 4.0, 1.0]
     """
-    flat = [_flat(v, i) for i, v in enumerate(values)]
-    found: list[TensorStats | None] = [None] * len(flat)
-    for group in _groups(flat):
-        for index, stats in zip(group, _summarize_group([flat[i] for i in group])):
-            found[index] = stats
+    with _collector_paused():
+        flat = [_flat(v, i) for i, v in enumerate(values)]
+        found: list[TensorStats | None] = [None] * len(flat)
+        for group in _groups(flat):
+            for index, stats in zip(group, _summarize_group([flat[i] for i in group])):
+                found[index] = stats
     return found  # type: ignore[return-value]  # every index is in one group
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Summarising makes a few Python objects per tensor, none in a cycle, and the cyclic
+    collector they set off walks everything alive, a whole logged history included (20,000
+    small activations: most of the time). Resumed after, unless it was off already."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _flat(value: Any, position: int) -> torch.Tensor:
@@ -177,6 +198,42 @@ class _Segments:
         deviation = values - self.spread(mean)
         return mean, torch.bincount(self.ids, weights=deviation.square_(), minlength=self.n) / count
 
+    def histograms(self, values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """(parts, NUM_BINS) counts in numpy's bins: NUM_BINS equal bins over each part's
+        [lo, hi], edge k at lo + k * (hi - lo) / NUM_BINS and the last at hi, each bin holding
+        its lower edge, the last its upper one too. In blocks that stay in cache."""
+        step = (hi - lo) / NUM_BINS
+        per_bin = 1 / torch.where(step > 0, step, torch.ones_like(step))
+        counts = torch.zeros(self.n * NUM_BINS, dtype=torch.int64)
+        for start in range(0, values.numel(), BLOCK):
+            block = values[start:start + BLOCK]
+            ids = None if self.ids is None else self.ids[start:start + BLOCK]
+            low, width, scale = ((lo[0], step[0], per_bin[0]) if ids is None
+                                 else (lo[ids], step[ids], per_bin[ids]))
+            position = (block - low).mul_(scale)
+            index = position.floor()
+            # Rounding can put a value right at an edge one bin off: those few (if any) are
+            # placed by the edges themselves.
+            near = position.sub_(index).sub_(0.5).abs_() > 0.5 - EDGE_SLACK
+            index.clamp_(0, NUM_BINS - 1)
+            if bool(near.any()):
+                _place_by_edges(block, index, near, low, width)
+            index = index.to(torch.int64)
+            counts += torch.bincount(index if ids is None else ids * NUM_BINS + index,
+                                     minlength=self.n * NUM_BINS)
+        return counts.reshape(self.n, NUM_BINS)
+
+
+def _place_by_edges(block: torch.Tensor, index: torch.Tensor, near: torch.Tensor,
+                    low: torch.Tensor, width: torch.Tensor) -> None:
+    """Move the `near` entries of `index` to the bin their value lies in by the edges."""
+    x, k = block[near], index[near]
+    low = low[near] if low.dim() else low
+    width = width[near] if width.dim() else width
+    k -= (x < low + k * width).to(k.dtype)
+    k += ((x >= low + (k + 1) * width) & (k < NUM_BINS - 1)).to(k.dtype)
+    index[near] = k
+
 
 def _summarize_group(parts: Sequence[torch.Tensor]) -> list[TensorStats]:
     """Every statistic of every part, each as one reduction over all of them."""
@@ -201,26 +258,11 @@ def _summarize_group(parts: Sequence[torch.Tensor]) -> list[TensorStats]:
     scale = torch.ldexp(torch.ones(segments.n, dtype=torch.float64), exponent)
     scaled = x / segments.spread(scale) if bool((exponent != 0).any()) else x
     mean, variance = segments.mean_variance(scaled, num_finite.clamp(min=1).to(torch.float64))
-    finite_counts = num_finite.tolist()
-    counts = _histograms(scaled, finite_counts, (lo / scale).tolist(), (hi / scale).tolist())
-    columns = zip(sizes, num_nan.tolist(), finite_counts, num_zero.tolist(), lo.tolist(),
-                  hi.tolist(), (mean * scale).tolist(), (variance.sqrt() * scale).tolist(), counts)
+    counts = segments.histograms(scaled, lo / scale, hi / scale)
+    columns = zip(sizes, num_nan.tolist(), num_finite.tolist(), num_zero.tolist(), lo.tolist(),
+                  hi.tolist(), (mean * scale).tolist(), (variance.sqrt() * scale).tolist(),
+                  counts.tolist())
     return [_stats(*column) for column in columns]
-
-
-def _histograms(x: torch.Tensor, sizes: list[int], lo: list[float], hi: list[float]) -> list[list[int]]:
-    """Each part's counts in NUM_BINS equal bins over its [lo, hi]: `torch.histogram`'s bins
-    (edges from `torch.linspace`; each bin holds its lower edge, the last its upper one
-    too); one bin when lo == hi, none without values."""
-    found, start = [], 0
-    for size, low, high in zip(sizes, lo, hi):
-        part = x[start:start + size]
-        start += size
-        if not size or high <= low:
-            found.append([size] if size else [])
-            continue
-        found.append(torch.histogram(part, bins=NUM_BINS, range=(low, high)).hist.long().tolist())
-    return found
 
 
 def _stats(numel: int, nan: int, finite: int, zero: int, low: float, high: float, mean: float,
@@ -232,4 +274,4 @@ def _stats(numel: int, nan: int, finite: int, zero: int, low: float, high: float
         return TensorStats(**common, min=None, max=None, mean=None, std=None, counts=())
     return TensorStats(**common, min=low, max=high,
                        mean=min(max(mean, low), high),  # rounding can put it a hair outside
-                       std=std, counts=tuple(counts))
+                       std=std, counts=tuple(counts) if high > low else (finite,))

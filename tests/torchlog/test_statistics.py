@@ -48,6 +48,18 @@ def test_each_statistic_matches_numpy(index):
     assert s.counts == oracle["counts"]
 
 
+def test_histograms_are_numpys_also_for_values_on_the_edges():
+    """Values in quarters land exactly on bin edges, where rounding decides the bin."""
+    g = torch.Generator().manual_seed(1)
+    arrays = [torch.round(torch.randn(int(n), generator=g, dtype=torch.float64) * 8) / 4
+              for n in torch.randint(30, 3000, (60,), generator=g)]
+    arrays += [torch.arange(0, 97, dtype=torch.float64) * 0.1, torch.linspace(-3, 5, 1000)]
+    alone = [summarize(a) for a in arrays]
+    together = summarize_all(arrays + [torch.ones(5)])  # the segmented path
+    for a, one, many in zip(arrays, alone, together):
+        assert one.counts == many.counts == _numpy_oracle(a)["counts"]
+
+
 def test_the_std_is_the_population_std_not_the_unbiased_one():
     s = summarize(torch.tensor([1.0, 3.0]))
     assert s.std == 1.0 and torch.tensor([1.0, 3.0]).std().item() == pytest.approx(math.sqrt(2))
