@@ -44,7 +44,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter, process_time
 from typing import Any
@@ -56,7 +56,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import ResNet, gpt2_small  # noqa: E402  (bench/ is not a package)
-from provenance import provenance, provenance_line  # noqa: E402
+from provenance import cpu_model, provenance, provenance_line  # noqa: E402
 
 import torchlog  # noqa: E402
 import torchlog.storage  # noqa: E402
@@ -262,12 +262,9 @@ _LAYOUTS = [("contiguous (default)", {}), ("chunks of batches", {"chunks": True}
 
 def machine() -> str:
     """'amd-epyc-2cores': the CPU model and the cores this process may use, for file names."""
-    model = "unknown-cpu"
-    with contextlib.suppress(OSError):
-        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        model = found[1] if found else model
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{re.sub(r'[^a-z0-9]+', '-', model.lower()).strip('-')}-{cores}cores"
+    model = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-") or "unknown-cpu"
+    return f"{model}-{cores}cores"
 
 
 def run(args: argparse.Namespace) -> None:
