@@ -19,7 +19,13 @@ from torchlog.storage import files
 from torchlog.storage.arrays import BATCH_SIZES, LAYERS, SELECTED
 from torchlog.storage.format import EXTRACT_FORMAT_NAME, FORMAT_VERSION, WRITING
 
-__all__ = ["run_config", "finished_batches", "open_extract", "note_selection"]
+__all__ = ["run_config", "finished_batches", "open_extract", "note_selection", "entry_text"]
+
+
+def entry_text(entry: Any) -> str | int:
+    """A `layers` entry as the file keeps it: a label, address or position as it is, a
+    torchlog.select selector as its text (`func('relu') & in_module('features')`): data, not code."""
+    return entry if isinstance(entry, (str, int)) else repr(entry)
 
 # What a rerun must share with the run that wrote a file, as messages name it.
 _KEYS = {"model_name": "the model", "layers": "layers", "batch_size": "batch_size",
@@ -30,7 +36,7 @@ _KEYS = {"model_name": "the model", "layers": "layers", "batch_size": "batch_siz
 def run_config(model_name: str, entries: list, batch_size: int | None, num_samples: int | None,
                world_size: int, rank: int | None) -> dict[str, str]:
     """The root attributes that identify a run (all str: h5py reads them back equal)."""
-    config = {"model_name": model_name, "layers": json.dumps(entries),
+    config = {"model_name": model_name, "layers": json.dumps([entry_text(e) for e in entries]),
               "batch_size": json.dumps(batch_size), "num_samples": json.dumps(num_samples),
               "world_size": str(world_size)}
     if rank is not None:
@@ -81,7 +87,8 @@ def note_selection(file: h5py.File, selected: list[tuple[str | int, list[str]]])
     """Record which `layers` entry selected which labels (JSON, read by ActivationFile), so
     that readers take the keys extract took; a resumed file keeps what its first run wrote."""
     if selected and SELECTED not in file[LAYERS].attrs:
-        file[LAYERS].attrs[SELECTED] = json.dumps([[entry, labels] for entry, labels in selected])
+        # A selector is kept as its text (`func('relu') & in_module('features')`): data, not code.
+        file[LAYERS].attrs[SELECTED] = json.dumps([[entry_text(entry), labels] for entry, labels in selected])
 
 
 def _mismatch(file: h5py.File, path: str, config: dict[str, Any]) -> str | None:

@@ -215,3 +215,25 @@ def test_a_rerun_with_another_batch_size_or_dataset_length_is_refused(tmp_path: 
     with pytest.raises(LogFileExistsError, match="the number of samples '12', not '16'"):
         torchlog.extract(Net(), torch.randn(16, 3), LAYERS, path, batch_size=4)
     assert path.read_bytes() == before
+
+
+def test_a_selector_chooses_layers_and_opens_them_by_its_text(tmp_path: Path) -> None:
+    from torchlog import select
+    from torchlog.storage import ActivationDataset
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    data = torch.randn(20, 4)
+    path = tmp_path / "selected.h5"
+    torchlog.extract(net, data, layers=[select.func("relu") | select.module("2")], to=str(path), batch_size=8,
+                     progress=False)
+    with torch.no_grad():
+        relu, last = torch.relu(net[0](data)), net(data)
+    key = "func('relu') | module('2')"
+    rows = ActivationDataset(str(path), layers=[key])
+    assert len(rows) == 20
+    with h5py.File(path) as file:  # the selection is stored as text and labels, never as code
+        assert key in file["layers"].attrs["selected"]
+    acts = open_activations(str(path))
+    assert torch.allclose(torch.as_tensor(acts["relu_1_2"][:]), relu, atol=1e-6)
+    assert torch.allclose(torch.as_tensor(acts["linear_2_3"][:]), last, atol=1e-6)
