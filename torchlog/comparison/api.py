@@ -53,7 +53,8 @@ def compare(a: ModelHistory, b: ModelHistory, *, rtol: float | None = None,
 
     Example:
         >>> import torch, torchlog
-        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+        >>> _ = torch.manual_seed(0)
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh())  # no unit is cut off
         >>> x = torch.randn(2, 3)
         >>> a = torchlog.log_forward_pass(net, x)
         >>> with torch.no_grad():
