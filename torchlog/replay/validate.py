@@ -57,6 +57,7 @@ def validate_saved_activations(model: nn.Module, input_args: Any,
 
     Example:
         >>> import torch, torchlog
+        >>> _ = torch.manual_seed(0)
         >>> net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
         >>> torchlog.validate_saved_activations(net, torch.randn(2, 3))
         True
