@@ -212,9 +212,11 @@ class _Segments:
                                  else (lo[ids], step[ids], per_bin[ids]))
             position = (block - low).mul_(scale)
             index = position.floor()
-            # Rounding can put a value right at an edge one bin off: those few (if any) are
-            # placed by the edges themselves.
-            near = position.sub_(index).sub_(0.5).abs_() > 0.5 - EDGE_SLACK
+            # Rounding can put a value right at an inner edge one bin off: those few (if any)
+            # are placed by the edges themselves. The outer edges are the min and the max.
+            fraction = position.sub_(index)
+            near = ((fraction < EDGE_SLACK) & (index >= 1) & (index <= NUM_BINS - 1)) | \
+                ((fraction > 1 - EDGE_SLACK) & (index <= NUM_BINS - 2))
             index.clamp_(0, NUM_BINS - 1)
             if bool(near.any()):
                 _place_by_edges(block, index, near, low, width)
