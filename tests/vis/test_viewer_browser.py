@@ -698,3 +698,40 @@ def test_nodes_take_colours_from_values_given_in_python_and_from_statistics(driv
     assert fills["linear_1_1"] == ["#d3d3d3", None] and fills["input_1_0"] == ["#98fb98", None]
     assert not driver.find_element("id", "torchlog-legend").is_displayed()
     _screenshot(driver, "colour_by_kind")
+
+
+def test_panels_show_histogram_axes_a_log_scale_statistics_over_passes_and_short_call_sites(driver, tmp_path):
+    from torchlog.statistics import summarize
+
+    history = torchlog.log_forward_pass(SimpleRecurrent(), torch.randn(1, 5), random_seed=0)
+    _open(driver, history, tmp_path, depth=3)
+    label = next(r.label for r in history if r.func_name == "linear")
+    driver.execute_script(f"return window.torchlogViewer.goTo({label!r})")
+    expected = summarize(history[label].tensor_contents)
+    axis = driver.execute_script(
+        "return [...document.querySelectorAll('#torchlog-panel svg.hist text')].map(t => t.textContent)")
+    assert axis[0] == str(max(expected.counts)) and axis[1] == "0" and len(axis) == 5
+    assert float(axis[2]) == pytest.approx(expected.min, rel=1e-4) and float(axis[4]) == pytest.approx(expected.max, rel=1e-4)
+    heights = "return [...document.querySelectorAll('#torchlog-panel svg.hist rect')].map(r => Number(r.getAttribute('height')))"
+    linear = driver.execute_script(heights)
+    driver.find_element("id", "torchlog-hist-log").click()
+    logged = driver.execute_script(heights)
+    nonzero = [i for i, c in enumerate(expected.counts) if c]
+    smallest = min(nonzero, key=lambda i: expected.counts[i])
+    tallest = max(nonzero, key=lambda i: expected.counts[i])
+    assert logged[tallest] == pytest.approx(linear[tallest])  # the tallest bar keeps its height
+    if expected.counts[smallest] < expected.counts[tallest]:
+        assert logged[smallest] > linear[smallest]  # the others grow on a log scale
+    site = _panel_rows(driver)["call site"]
+    assert site.startswith("tests/models.py:") and not site.startswith("/")
+    # A rolled layer: its statistics over the passes, one mark per pass.
+    run_and_wait(driver, "await window.torchlogViewer.setMode('rolled');")
+    layer = history.layers[1]
+    driver.execute_script(f"return window.torchlogViewer.goTo({layer.label!r})")
+    marks = driver.execute_script(
+        "const svg = document.querySelector('#torchlog-panel svg.passes');"
+        "return svg && [svg.querySelectorAll('circle.min').length, svg.querySelector('polyline.mean').getAttribute('points').split(' ').length,"
+        " [...svg.querySelectorAll('rect.hit title')].map(t => t.textContent)];")
+    assert marks[0] == marks[1] == len(layer.passes) > 1
+    first = summarize(layer.passes[0].tensor_contents)
+    assert marks[2][0].startswith("pass 1: mean ") and f"{first.max:.5g}"[:5] in marks[2][0]

@@ -7,6 +7,7 @@ go into the page, only their statistics.
 from __future__ import annotations
 
 import linecache
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -184,7 +185,25 @@ def _site(call_site: str | None) -> dict[str, Any] | None:
         return {"file": call_site, "line": None, "func": None, "text": None}
     file, line = match["file"], int(match["line"])
     text = linecache.getline(file, line).strip() or None
-    return {"file": file, "line": line, "func": match["func"], "text": text}
+    return {"file": short_path(file), "line": line, "func": match["func"], "text": text}
+
+
+def short_path(file: str) -> str:
+    """`file` as a reader finds it: relative to the working directory when inside it, from the
+    package down when installed (`transformers/models/gpt2/modeling_gpt2.py`), else whole.
+
+    Example:
+        >>> short_path("/usr/lib/python3/site-packages/transformers/activations.py")
+        'transformers/activations.py'
+    """
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in file:
+            return file.rsplit(marker, 1)[1]
+    try:
+        relative = os.path.relpath(file)
+    except ValueError:  # another drive on Windows
+        return file
+    return file if relative.startswith("..") else relative
 
 
 def _layer_entry(layer: LayerRecord, layers: dict[str, LayerRecord]) -> dict[str, Any]:

@@ -104,6 +104,7 @@ function installControls() {
   installOverview();
   installResults();
   installColours();
+  installCharts();
 }
 
 const OPEN_MIN_NODES = 8;

@@ -44,6 +44,7 @@ const state = {
   direction: "TB",
   showBuffers: false,
   showPlumbing: false,  // helper runs and folds drawn open
+  histLog: false,       // histogram counts on a log scale (charts.js)
   colour: DATA.colour ? "custom" : "kind",  // what fills the op nodes (colour.js)
   selected: null,     // a node key, or a module key
   forceDraw: false,

@@ -45,18 +45,6 @@ function siteHtml(site) {
   return `<code>${where}</code>` + (site.text ? `<pre>${esc(site.text)}</pre>` : "");
 }
 
-function histogramSvg(hist) {
-  const counts = hist.counts, width = 300, height = 60;
-  const peak = Math.max(...counts, 1), barW = width / counts.length;
-  const bars = counts.map((c, i) => {
-    const h = Math.max(c > 0 ? 1 : 0, (c / peak) * height);
-    return `<rect x="${(i * barW).toFixed(1)}" y="${(height - h).toFixed(1)}" width="${Math.max(barW - 1, 1).toFixed(1)}" height="${h.toFixed(1)}"><title>${c}</title></rect>`;
-  }).join("");
-  return `<svg class="hist" width="${width}" height="${height + 14}" viewBox="0 0 ${width} ${height + 14}">${bars}` +
-    `<text x="0" y="${height + 12}" font-size="10">${esc(num(hist.lo))}</text>` +
-    `<text x="${width}" y="${height + 12}" font-size="10" text-anchor="end">${esc(num(hist.hi))}</text></svg>`;
-}
-
 function statsHtml(p) {
   if (!p.saved) return "<p>Activation not saved.</p>";
   const s = p.stats;
@@ -64,7 +52,7 @@ function statsHtml(p) {
   const bad = (n) => (n ? `<span class="warn">${n}</span>` : "0");
   return rows([["min", num(s.min)], ["max", num(s.max)], ["mean", num(s.mean)], ["std", num(s.std)],
     ["zeros", (100 * s.zeros).toFixed(1) + " %"], ["NaN", bad(s.nan)], ["Inf", bad(s.inf)],
-    ["elements", String(s.numel)]]) + (s.hist ? histogramSvg(s.hist) : "");
+    ["elements", String(s.numel)]]) + (s.hist ? histogramSvg(s.hist) + logToggleHtml() : "");
 }
 
 function passRows(p) {
@@ -95,16 +83,20 @@ function passIndexInCall(p) {
 }
 
 function showPass(p) {
+  panelHistograms.length = 0;
   ui.panel.innerHTML = `<h2>${esc(p.label)}</h2>` + passRows(p) + "<h3>Activation</h3>" + statsHtml(p);
 }
 
 function showLayer(layer) {
+  panelHistograms.length = 0;
   const passes = layer.passes.map((l) => passByLabel.get(l));
   const first = passes[0];
   let html = `<h2>${esc(layer.label)}${passes.length > 1 ? ` (x${passes.length})` : ""}</h2>`;
   if (passes.length === 1) { ui.panel.innerHTML = html + passRows(first) + "<h3>Activation</h3>" + statsHtml(first); return; }
   html += rows([["function", `<code>${esc(first.func)}</code>`], ["kind", esc(first.kind)],
     ["passes", String(passes.length)], ["call site", siteHtml(first.site)]]);
+  const chart = passesChartSvg(passes);
+  if (chart) html += "<h3>Over the passes</h3>" + chart + '<p class="legend">mean (line), mean \u00b1 std (band), min and max (dots)</p>';
   html += passes.map((p, i) => `<details${i === 0 ? " open" : ""}><summary>pass ${p.pass}: ${esc(shapeText(p.shape))}` +
     `${p.stats && (p.stats.nan || p.stats.inf) ? ' <span class="warn">NaN/Inf</span>' : ""}</summary>` +
     passRows(p) + statsHtml(p) + "</details>").join("");
