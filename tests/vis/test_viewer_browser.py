@@ -735,3 +735,27 @@ def test_panels_show_histogram_axes_a_log_scale_statistics_over_passes_and_short
     assert marks[0] == marks[1] == len(layer.passes) > 1
     first = summarize(layer.passes[0].tensor_contents)
     assert marks[2][0].startswith("pass 1: mean ") and f"{first.max:.5g}"[:5] in marks[2][0]
+
+
+@pytest.mark.heavy
+def test_an_attention_map_has_a_heatmap_in_its_panel(driver, gpt2_history, tmp_path):
+    history = gpt2_history
+    softmax = next(r for r in history if r.func_name == "softmax")
+    plane = softmax.tensor_contents[0, 0].double()
+    assert softmax.tensor_contents.dim() == 4 and plane.shape[0] >= 8
+    _open(driver, history, tmp_path, depth=1)
+    driver.execute_script(f"return window.torchlogViewer.goTo({softmax.label!r})")
+    shown = driver.execute_script(
+        "const img = document.querySelector('#torchlog-panel .heat img');"
+        "return img && [img.dataset.rows, img.dataset.cols, img.naturalWidth, img.naturalHeight,"
+        " document.querySelector('#torchlog-panel .heat .legend').textContent];")
+    rows, cols = plane.shape
+    assert shown[:4] == [str(rows), str(cols), cols, rows]
+    assert shown[4] == f"slice [0, 0, :, :] of (1, 2, {rows}, {cols})"
+    cells = driver.execute_script(
+        f"const p = window.torchlogViewer.data.passes.find(p => p.label === {softmax.label!r});"
+        "return [...atob(p.stats.heat.cells)].map(c => c.charCodeAt(0));")
+    lo, hi = plane.min().item(), plane.max().item()
+    expected = ((plane - lo) / (hi - lo) * 255).round().reshape(-1).tolist()
+    assert max(abs(a - b) for a, b in zip(cells, expected)) <= 1
+    _screenshot(driver, "gpt2_attention_heatmap")

@@ -30,6 +30,7 @@ from torchlog.vis.text import (
     shape_text,
 )
 from torchlog.vis.viewer.failure import failure_entry
+from torchlog.vis.viewer.heatmap import heatmaps
 from torchlog.vis.viewer.outputs import call_lines, call_outputs
 from torchlog.vis.viewer.plumbing import PlumbingScope, plumbing_scopes
 from torchlog.vis.viewer.stats import tensor_stats_all
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT_VERSION", "page_data"]
 
 FORMAT_VERSION = 1
+# Bytes of heatmap cells a page holds at most (base64): 1,000 32x32 pictures.
+HEAT_BUDGET = 1_400_000
 _SITE = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<func>.*)$")
 
 
@@ -164,14 +167,17 @@ def _pass_entry(record: PassRecord, stats: dict[str, Any] | None,
 
 
 def _all_stats(history: "ModelHistory") -> dict[str, dict[str, Any]]:
-    """Statistics of every saved value by pass label, all computed together; a value shared
-    by passes is summarised once."""
+    """Statistics of every saved value by pass label, all computed together, with a heatmap
+    (`heat`) while they fit in HEAT_BUDGET; a value shared by passes is summarised once."""
     values: dict[int, Any] = {}
     for record in history:
         if record.saved is not None:
             values.setdefault(id(record.saved), record.tensor_contents)
     with _one_thread():
         found = dict(zip(values, tensor_stats_all(list(values.values()))))
+        for key, heat in heatmaps(values, HEAT_BUDGET).items():
+            if found[key] is not None:
+                found[key]["heat"] = heat
     return {r.label: found[id(r.saved)] for r in history
             if r.saved is not None and found[id(r.saved)] is not None}
 

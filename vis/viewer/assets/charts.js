@@ -87,3 +87,30 @@ function passesChartSvg(passes) {
     `<text x="${left}" y="${y0 + 12}">pass 1</text>` +
     `<text x="${width}" y="${y0 + 12}" text-anchor="end">pass ${passes.length}</text></svg>`;
 }
+
+// A 2-D slice of the value (computed when the page was built): cells coloured from lo to hi.
+const HEAT_STOPS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"];
+
+function heatmapHtml(heat) {
+  const bytes = atob(heat.cells);
+  const canvas = document.createElement("canvas");
+  canvas.width = heat.cols;
+  canvas.height = heat.rows;
+  const ctx = canvas.getContext("2d");
+  const image = ctx.createImageData(heat.cols, heat.rows);
+  for (let i = 0; i < bytes.length; i++) {
+    const [r, g, b] = hexToRgb(rampColour(HEAT_STOPS, bytes.charCodeAt(i) / 255));
+    image.data.set([r, g, b, 255], 4 * i);
+  }
+  ctx.putImageData(image, 0, 0);
+  const [fullRows, fullCols] = heat.shape.slice(-2);
+  const averaged = heat.rows < fullRows || heat.cols < fullCols;
+  const side = 240, ratio = heat.rows / heat.cols;
+  const [w, h] = ratio > 1 ? [side / ratio, side] : [side, side * ratio];
+  return `<div class="heat"><img src="${canvas.toDataURL("image/png")}" width="${w.toFixed(0)}" height="${h.toFixed(0)}" ` +
+    `alt="heatmap" data-rows="${heat.rows}" data-cols="${heat.cols}">` +
+    `<div class="bar" style="background: linear-gradient(to right, ${HEAT_STOPS.join(", ")})"></div>` +
+    `<div class="ends"><span>${tickText(heat.lo)}</span><span>${tickText(heat.hi)}</span></div>` +
+    `<p class="legend">slice ${esc(heat.slice)} of ${esc(shapeText(heat.shape))}` +
+    `${averaged ? `, averaged to ${heat.rows} x ${heat.cols}` : ""}</p></div>`;
+}

@@ -52,7 +52,8 @@ function statsHtml(p) {
   const bad = (n) => (n ? `<span class="warn">${n}</span>` : "0");
   return rows([["min", num(s.min)], ["max", num(s.max)], ["mean", num(s.mean)], ["std", num(s.std)],
     ["zeros", (100 * s.zeros).toFixed(1) + " %"], ["NaN", bad(s.nan)], ["Inf", bad(s.inf)],
-    ["elements", String(s.numel)]]) + (s.hist ? histogramSvg(s.hist) + logToggleHtml() : "");
+    ["elements", String(s.numel)]]) + (s.hist ? histogramSvg(s.hist) + logToggleHtml() : "") +
+    (s.heat ? heatmapHtml(s.heat) : "");
 }
 
 function passRows(p) {
