@@ -759,3 +759,39 @@ def test_an_attention_map_has_a_heatmap_in_its_panel(driver, gpt2_history, tmp_p
     expected = ((plane - lo) / (hi - lo) * 255).round().reshape(-1).tolist()
     assert max(abs(a - b) for a, b in zip(cells, expected)) <= 1
     _screenshot(driver, "gpt2_attention_heatmap")
+
+
+class _LSTMSteps(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(4, 8)
+
+    def forward(self, x):
+        h = c = torch.zeros(1, 8)
+        for _ in range(8):
+            h, c = self.cell(x, (h, c))
+        return h
+
+
+def test_rolled_edge_labels_overlap_no_node_or_box_title(driver, tmp_path):
+    history = torchlog.log_forward_pass(_LSTMSteps(), torch.randn(1, 4), random_seed=0)
+    _open(driver, history, tmp_path, mode="rolled", depth=2)
+    overlaps = driver.execute_script(  # edge text against nodes, box titles and other edges' text
+        "const rect = (el) => el.getBoundingClientRect();"
+        "const things = [...document.querySelectorAll('#torchlog-graph g.node, #torchlog-graph g.cluster > text')]"
+        "  .map(g => [g.dataset.key || g.parentNode.dataset.key, rect(g)]);"
+        "const texts = [...document.querySelectorAll('#torchlog-graph g.edge text')]"
+        "  .map(t => [t.closest('g.edge').id, rect(t), t.textContent]);"
+        "const out = [];"
+        "for (const [edge, a, text] of texts) {"
+        "  for (const [key, b] of things.concat(texts.filter(([other]) => other !== edge))) {"
+        "    const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);"
+        "    const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);"
+        "    if (w > 1 && h > 1) out.push([text, key]);"
+        "  }"
+        "}"
+        "return out;")
+    assert overlaps == []
+    text = driver.execute_script("return document.querySelector('#torchlog-graph svg').textContent")
+    assert "Out 1-7, In 2-8" in text
+    _screenshot(driver, "lstm_cell_rolled")

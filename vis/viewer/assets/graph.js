@@ -142,8 +142,9 @@ function nodeLines(unit) {
 
 function edges(placed) {
   const found = new Map();
-  const add = (tail, head, attrs) => {
-    if (tail === undefined || head === undefined || tail === head) return;
+  // A node feeding itself is drawn only for a rolled layer (a loop's recurrence).
+  const add = (tail, head, attrs, loop) => {
+    if (tail === undefined || head === undefined || (tail === head && !loop)) return;
     const id = [tail, head, attrs.label || "", attrs.taillabel || "", attrs.headlabel || ""].join("\u0001");
     if (!found.has(id)) found.set(id, { tail, head, attrs });
   };
@@ -183,13 +184,13 @@ function rolledEdges(placed, add) {
         add(tail, head, { label: shape });
         continue;
       }
-      const spans = {
-        taillabel: link.out === allPasses(parent) ? "" : "Out " + link.out,
-        headlabel: link.in === allPasses(layer) ? "" : "In " + link.in,
-      };
+      // Which passes the edge joins go in its own label, which the layout makes room for;
+      // head and tail labels are placed after it and landed on box titles and nodes.
+      const spans = [link.out === allPasses(parent) ? "" : "Out " + link.out,
+        link.in === allPasses(layer) ? "" : "In " + link.in].filter(Boolean).join(", ");
       const showArg = passByLabel.get(layer.passes[0]).showArg;
-      const args = showArg && link.args.length ? link.args : [""];
-      for (const arg of args) add(tail, head, { label: shape + (arg ? "\n" + arg : ""), ...spans });
+      const args = showArg ? link.args.join(", ") : "";  // one edge per layer pair, its slots listed
+      add(tail, head, { label: [shape, args, spans].filter(Boolean).join("\n") }, true);
     }
   }
 }
