@@ -7,8 +7,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from torchlog.errors import InvalidArgumentTypeError, LogFilePermissionError
 from torchlog.export.activations import activation_stats
 from torchlog.optional import require
