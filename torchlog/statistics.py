@@ -12,13 +12,13 @@ CPU's vector width).
 """
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from torchlog.collector import collector_paused
 
 __all__ = ["NUM_BINS", "TensorStats", "summarize", "summarize_all"]
 
@@ -86,27 +86,13 @@ def summarize_all(values: Iterable[torch.Tensor]) -> list[TensorStats]:
         >>> [s.max for s in summarize_all([torch.ones(3), torch.arange(5), torch.tensor([True])])]
         [1.0, 4.0, 1.0]
     """
-    with _collector_paused():
+    with collector_paused():  # many small acyclic objects: no sweeps meanwhile
         flat = [_flat(v, i) for i, v in enumerate(values)]
         found: list[TensorStats | None] = [None] * len(flat)
         for group in _groups(flat):
             for index, stats in zip(group, _summarize_group([flat[i] for i in group])):
                 found[index] = stats
     return found  # type: ignore[return-value]  # every index is in one group
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Summarising makes a few Python objects per tensor, none in a cycle, and the cyclic
-    collector they set off walks everything alive, a whole logged history included (20,000
-    small activations: most of the time). Resumed after, unless it was off already."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _flat(value: Any, position: int) -> torch.Tensor:

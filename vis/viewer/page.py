@@ -1,18 +1,17 @@
 """One self-contained HTML page of the interactive viewer: written to a file or shown inline."""
 from __future__ import annotations
 
-import gc
 import html
 import json
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
+from torchlog.collector import collector_paused
 from torchlog.errors import (
     InvalidArgumentTypeError, InvalidOptionError, LogFileNotFoundError, TorchlogError,
 )
@@ -199,7 +198,7 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
     _check_mode(mode)
     check_depth(depth, "depth", "a readable default")
     colour = colour_data(history, colour_by, colour_legend)
-    with _collector_paused():
+    with collector_paused():  # many small acyclic objects: no sweeps meanwhile
         pick_depth = depth is None
         mode, depth = default_view(history, mode, depth)
         data = page_data(history, mode, depth, with_stats)
@@ -215,20 +214,6 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
         title=_ascii_html(history.model_name), style=_asset("viewer.css"),
         data=text, graphviz=_asset("graphviz.js"), viewer=viewer_script())
     return ViewerPage(page)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The page data is a few hundred thousand small dicts and lists, none in a cycle; each
-    collection the allocations set off walks the whole history too (halves the build time
-    of a 20,000-op page). Resumed after, unless it was off already."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _ascii_html(text: str) -> str:
