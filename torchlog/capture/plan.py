@@ -18,7 +18,7 @@ import torch
 
 from torchlog.select import OpView
 
-__all__ = ["Act", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "substitute", "unfit"]
+__all__ = ["Act", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "max_change", "substitute", "unfit"]
 
 
 class Firing(NamedTuple):
@@ -127,3 +127,16 @@ def unfit(new: Any, value: torch.Tensor) -> str | None:
     if new.device != value.device:
         return f"returned a tensor on {new.device} for a value on {value.device}"
     return None
+
+
+def max_change(old: torch.Tensor, new: torch.Tensor) -> float:
+    """The largest absolute elementwise change; 0.0 for empty tensors, NaN where either is NaN."""
+    if new is old or old.numel() == 0:
+        return 0.0
+    with torch.no_grad():
+        a, b = old.detach(), new.detach()
+        if not (a.is_floating_point() or a.is_complex()):
+            a, b = a.double(), b.double()
+        diff = (b - a).abs()
+        same = (a == b) | (a.isnan() & b.isnan())  # an unchanged NaN or infinity changed nothing
+        return float(diff.masked_fill(same, 0).max())

@@ -17,7 +17,7 @@ from torchlog.capture.functionals import run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
-from torchlog.capture.plan import Act, Firing, StopCapture, substitute, unfit
+from torchlog.capture.plan import Act, Firing, StopCapture, max_change, substitute, unfit
 from torchlog.errors import InterventionError
 from torchlog.labels import layer_type_of
 from torchlog.select import OpView
@@ -71,19 +71,6 @@ def _layer_type(name: str) -> str:
     if found is None:
         found = _LAYER_TYPES[name] = layer_type_of(name)
     return found
-
-
-def _max_change(old: torch.Tensor, new: torch.Tensor) -> float:
-    """The largest absolute elementwise change; 0.0 for empty tensors, NaN where either is NaN."""
-    if new is old or old.numel() == 0:
-        return 0.0
-    with torch.no_grad():
-        a, b = old.detach(), new.detach()
-        if not (a.is_floating_point() or a.is_complex()):
-            a, b = a.double(), b.double()
-        diff = (b - a).abs()
-        same = (a == b) | (a.isnan() & b.isnan())  # an unchanged NaN or infinity changed nothing
-        return float(diff.masked_fill(same, 0).max())
 
 
 def _written_tensors(args: tuple, kwargs: dict, first: bool, slot: int | None) -> list:
@@ -815,7 +802,7 @@ class Recorder:
                 raise StopCapture(InterventionError(
                     f"the action {act.action!r} of site {act.site!r} {problem} {where}; an action "
                     "must return a tensor of the value's shape, dtype and device"))
-            self.firings.append(FiringRecord(act.number, firing, act.action, _max_change(value, new)))
+            self.firings.append(FiringRecord(act.number, firing, act.action, max_change(value, new)))
         return new
 
     def _adopt(self, node: RawNode, new: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ from torchlog.records import NodeKind, PassRecord
 from torchlog.select import Selector, _InModule, _Module, _ModuleType
 from torchlog.selection import call_positions, resolve
 
-__all__ = ["Interventions", "Site", "check_intervene", "check_stop_after"]
+__all__ = ["Interventions", "Site", "acted_on", "check_intervene", "check_stop_after", "exit_part"]
 
 _SITE_FORMS = ("a layer label ('relu_1_2', 'linear_1_1:2'), a module address ('features.6', "
                "'cell:3'), an int position (-5), or a torchlog.select selector "
@@ -129,7 +129,7 @@ class Interventions:
         at_calls: dict[tuple[int, int], tuple[int, str, tuple[Act, ...]]] = {}
         for site in self._later:
             for index in sorted(self._found(probe, site.given, "intervene")):
-                record = _acted_on(passes, index, site.given)
+                record = acted_on(passes, index, site.given)
                 position = positions[record.op_index]
                 _, _, acts = at_calls.get(position, (0, "", ()))
                 at_calls[position] = (record.op_index, record.label,
@@ -152,7 +152,7 @@ class Interventions:
         if selector.stage == "op":
             self._ops.append(OpRule(selector.op_test(self._types), act))
             return
-        target = _exit_part(selector)  # a module (maybe one call of it), or a module type
+        target = exit_part(selector)  # a module (maybe one call of it), or a module type
         condition = None if target is selector else selector.op_test(self._types)
         if isinstance(target, _Module):
             addresses, call = [target.address], target.call
@@ -220,10 +220,10 @@ class Interventions:
                                         "called in this pass, so the pass would never stop there")
             return None, (selector.address, calls)
         last = max(self._found(probe, given, "stop_after"))
-        return _acted_on(passes, last, given).op_index, None
+        return acted_on(passes, last, given).op_index, None
 
 
-def _acted_on(passes: list[PassRecord], index: int, given: Any) -> PassRecord:
+def acted_on(passes: list[PassRecord], index: int, given: Any) -> PassRecord:
     """The op pass an action on pass `index` changes: itself, or for an output of the model
     the op that made it.
 
@@ -253,5 +253,5 @@ def _parts(selector: Selector) -> list[Selector]:
     return found
 
 
-def _exit_part(selector: Selector) -> Selector:
+def exit_part(selector: Selector) -> Selector:
     return next(p for p in _parts(selector) if isinstance(p, (_Module, _ModuleType)))

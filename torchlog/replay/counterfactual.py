@@ -15,14 +15,15 @@ from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY
 from torchlog.capture.ops import describe
 from torchlog.capture.plan import Act, Firing, unfit
-from torchlog.capture.recorder import FiringRecord, _max_change
+from torchlog.capture.plan import max_change
+from torchlog.capture.recorder import FiringRecord
 from torchlog.capture.rng import rng_restored
 from torchlog.capture.writes import returns_nothing_but_writes
 from torchlog.errors import (InterventionError, InvalidArgumentTypeError, InvalidOptionError,
                              closest_matches)
 from torchlog.history import ModelHistory, all_passes
 from torchlog.interventions.records import intervention_records
-from torchlog.interventions.sites import Site, _acted_on, _exit_part, check_intervene
+from torchlog.interventions.sites import Site, acted_on, exit_part, check_intervene
 from torchlog.records import LayerRecord, NodeKind, PassRecord, TensorMeta
 from torchlog.select import Selector, _Module, view_of
 from torchlog.selection import resolve
@@ -168,7 +169,7 @@ def _planned(history: ModelHistory, passes: list[PassRecord], sites: tuple[Site,
             targets = [_at_op(passes[i], site, None) for i in sorted(selector.passes_in(history))
                        if "view_written_by" not in passes[i].extra]
         else:
-            targets = [_at_op(_acted_on(passes, i, given), site, True) for i in _resolved(history, given)]
+            targets = [_at_op(acted_on(passes, i, given), site, True) for i in _resolved(history, given)]
         if not targets:
             near = closest_matches(str(given), history.layer_labels + list(history.modules))
             raise InterventionError(
@@ -212,7 +213,7 @@ def _at_op(record: PassRecord, site: Site, by_label: bool | None) -> _Planned:
 def _exit_targets(history: ModelHistory, site: Site, selector: Selector,
                   types: dict[str, str]) -> Iterator[_Planned]:
     """An action on the first output of each module call an exit-stage selector names."""
-    target = _exit_part(selector)
+    target = exit_part(selector)
     condition = None if target is selector else selector.op_test(types)
     if isinstance(target, _Module):
         addresses, call = [target.address], target.call
@@ -483,7 +484,7 @@ def _applied(planned: _Planned, value: torch.Tensor, firings: list) -> torch.Ten
     if problem is not None:
         raise InterventionError(f"the action {act.action!r} of site {act.site!r} {problem} {where}; an "
                                 "action must return a tensor of the value's shape, dtype and device")
-    firings.append((planned.order, FiringRecord(act.number, firing, act.action, _max_change(value, new))))
+    firings.append((planned.order, FiringRecord(act.number, firing, act.action, max_change(value, new))))
     return new
 
 
