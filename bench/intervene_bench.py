@@ -14,6 +14,8 @@ Each action is scale(1.0) (the cost of the mechanism, not of the arithmetic) and
 module site, also add(vector). The variants of one model run round-robin, one of each per
 round, after an untimed warm-up round; each figure is the median over rounds of process CPU
 time. Prints ms per pass and the ratio to the plain log; the issue's bar is <= 1.05.
+With `--device cuda` the models and inputs live on the GPU and each figure is wall time ending
+with torch.cuda.synchronize().
 """
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def _variants(name: str, model: torch.nn.Module, x: torch.Tensor) -> dict[str, C
         f"label site {label!r}, sites known": _known_label_run(model, x, label),
     }
     if width is not None:
-        vector = torch.randn(width)
+        vector = torch.randn(width, device=x.device)
         found[f"module site {module!r}, add(vector)"] = lambda: torchlog.log_forward_pass(
             model, x, random_seed=0, intervene={module: add(vector)})
     # The plain log again, last in each round: a check on order effects within a round.
@@ -86,16 +88,23 @@ def _variants(name: str, model: torch.nn.Module, x: torch.Tensor) -> dict[str, C
     return found
 
 
-def _measure(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+def _measure(variants: dict[str, Callable[[], Any]], rounds: int, device: str = "cpu") -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in variants}
     for name, run in variants.items():  # warm-up
         run()
     for _ in range(rounds):
         for name, run in variants.items():
             gc.collect()  # the previous variant's garbage is not this one's cost
-            start = time.process_time()
-            result = run()
-            times[name].append(time.process_time() - start)
+            if device == "cpu":
+                start = time.process_time()
+                result = run()
+                times[name].append(time.process_time() - start)
+            else:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                result = run()
+                torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - start)
             del result
     return {name: statistics.median(values) for name, values in times.items()}
 
@@ -104,16 +113,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = _bench_models()
-    cases = [("GPT-2 (6 layers)", models.gpt2_small(), torch.randint(0, 1000, (1, 128))),
-             ("ResNet-50 224x224", models.resnet50(), torch.randn(1, 3, 224, 224))]
-    lines = [f"intervene_bench: torchlog {provenance()['commit']}, {cpu_model()}, {torch.get_num_threads()} thread, "
-             f"{args.rounds} rounds, median process CPU time"]
+    device = args.device
+    cases = [("GPT-2 (6 layers)", models.gpt2_small().to(device), torch.randint(0, 1000, (1, 128)).to(device)),
+             ("ResNet-50 224x224", models.resnet50().to(device), torch.randn(1, 3, 224, 224).to(device))]
+    if device == "cpu":
+        lines = [f"intervene_bench: torchlog {provenance()['commit']}, {cpu_model()}, {torch.get_num_threads()} "
+                 f"thread, {args.rounds} rounds, median process CPU time"]
+    else:
+        lines = [f"intervene_bench: torchlog {provenance()['commit']}, {torch.cuda.get_device_name()} "
+                 f"(torch {torch.__version__}), {args.rounds} rounds, median wall time to synchronize"]
     with torch.no_grad():
         for name, model, x in cases:
-            medians = _measure(_variants(name, model, x), args.rounds)
+            medians = _measure(_variants(name, model, x), args.rounds, device)
             base = medians["plain log"]
             lines.append(f"{name}")
             for variant, value in medians.items():

@@ -14,7 +14,9 @@ positions = 96 patched runs, metric a logit difference at the last position, tor
   (its time / one plain forward), set-up included and apart.
 - per-run fixed cost: one patched run of nn.Linear(8, 8) on a (2, 8) input (a hook edit
   through torchlog.patching.runs.run_patched, and a lean-capture edit) minus a plain forward.
-Variants run round-robin, medians of process CPU time, one thread.
+Variants run round-robin, medians of process CPU time, one thread. With `--device cuda` the
+model and inputs live on the GPU, each timing is wall time ending with torch.cuda.synchronize(),
+and the per-run fixed cost (a CPU figure) is left out.
 """
 from __future__ import annotations
 
@@ -80,15 +82,20 @@ def _hook_loop(model: Any, clean: torch.Tensor, corrupted: torch.Tensor, kwargs:
     return found
 
 
-def _timed(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+def _timed(runs: dict[str, Callable[[], Any]], rounds: int, device: str = "cpu") -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():
         run()
+    clock = time.process_time if device == "cpu" else time.perf_counter
     for _ in range(rounds):
         for name, run in runs.items():
-            start = time.process_time()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            start = clock()
             run()
-            times[name].append(time.process_time() - start)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            times[name].append(clock() - start)
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -96,12 +103,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = _bench_models()
-    model = models.gpt2_small(num_layers=6, hidden=256)
+    model = models.gpt2_small(num_layers=6, hidden=256).to(args.device)
     torch.manual_seed(0)
-    clean = torch.randint(0, 1000, (1, 16))
+    clean = torch.randint(0, 1000, (1, 16)).to(args.device)
     corrupted = clean.clone()
     corrupted[0, 3] = (clean[0, 3] + 1) % 1000
     kwargs = {"use_cache": False}
@@ -122,17 +130,24 @@ def main() -> None:
             "sweep set-up (1 metadata log + 2 lean passes)": lambda: torchlog.patching.site_sweep.prepare_sweep(
                 model, clean, corrupted, [sites], _metric, kwargs),
         }
-        medians = _timed(runs, args.rounds)
+        medians = _timed(runs, args.rounds, args.device)
     medians["attribution"] = _timed({"a": lambda: attribution(model, clean, corrupted, sites, _metric,
-                                                              positions=positions, input_kwargs=kwargs)}, args.rounds)["a"]
+                                                              positions=positions, input_kwargs=kwargs)},
+                                    args.rounds, args.device)["a"]
     base, loop, setup = medians["plain forward"], medians["hook loop (96 runs)"], medians["sweep set-up (1 metadata log + 2 lean passes)"]
-    lines.append(f"patching_bench: torchlog {provenance()['commit']}, {cpu_model()}, 1 thread, {args.rounds} rounds, median process CPU time")
+    if args.device == "cpu":
+        lines.append(f"patching_bench: torchlog {provenance()['commit']}, {cpu_model()}, 1 thread, "
+                     f"{args.rounds} rounds, median process CPU time")
+    else:
+        lines.append(f"patching_bench: torchlog {provenance()['commit']}, {torch.cuda.get_device_name()} "
+                     f"(torch {torch.__version__}), {args.rounds} rounds, median wall time to synchronize")
     lines.append(f"GPT-2 (6 layers, hidden 256, 16 tokens), 6 blocks x 16 positions; sweep vs hook loop max |metric diff| {worst:.2e}")
     for name, value in medians.items():
         lines.append(f"  {name:<48} {value * 1e3:9.1f} ms   x{value / loop:.3f} of the hook loop   "
                      f"{value / base:7.1f} forwards")
     lines.append(f"  attribution without set-up: {(medians['attribution'] - setup) / base:.1f} forward-equivalents")
-    lines += _fixed_cost(args.rounds)
+    if args.device == "cpu":
+        lines += _fixed_cost(args.rounds)
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
