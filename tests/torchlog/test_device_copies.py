@@ -3,6 +3,7 @@ CUDA path with fake streams and events, and on a GPU the real side-stream copies
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import pytest
@@ -310,12 +311,17 @@ def test_cuda_values_land_on_pinned_cpu_memory_bit_for_bit(name: str, training: 
 
 
 class _Counter:
+    """Counts the calls of a function, or of a method when set on a class (it binds like one)."""
+
     def __init__(self, func) -> None:
         self.func, self.calls = func, 0
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
         return self.func(*args, **kwargs)
+
+    def __get__(self, instance, owner=None):
+        return self if instance is None else functools.partial(self, instance)
 
 
 @pytest.mark.cuda

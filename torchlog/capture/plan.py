@@ -129,8 +129,12 @@ def unfit(new: Any, value: torch.Tensor) -> str | None:
     return None
 
 
-def max_change(old: torch.Tensor, new: torch.Tensor) -> float:
-    """The largest absolute elementwise change; 0.0 for empty tensors, NaN where either is NaN."""
+def max_change(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor | float:
+    """The largest absolute elementwise change; 0.0 for empty tensors, NaN where either is NaN.
+
+    A 0-d tensor on the values' device, read with `float()` once the pass is over: reading it
+    as the pass runs would make the CPU wait for a GPU's queued work at every firing.
+    """
     if new is old or old.numel() == 0:
         return 0.0
     with torch.no_grad():
@@ -139,4 +143,4 @@ def max_change(old: torch.Tensor, new: torch.Tensor) -> float:
             a, b = a.double(), b.double()
         diff = (b - a).abs()
         same = (a == b) | (a.isnan() & b.isnan())  # an unchanged NaN or infinity changed nothing
-        return float(diff.masked_fill(same, 0).max())
+        return diff.masked_fill(same, 0).max()

@@ -37,7 +37,7 @@ class FiringRecord(NamedTuple):
     number: int  # the (site, action) pair's position in `intervene`
     firing: Firing  # where it fired
     action: Any  # the action applied
-    max_abs_change: float  # largest absolute change it made to the value (NaN-aware)
+    max_abs_change: Any  # largest absolute change it made (NaN-aware): a 0-d tensor, read after the pass
 
 _Tensor = torch.Tensor
 _SETITEM = SETITEM

@@ -40,7 +40,7 @@ def intervention_records(firings: tuple, passes: list) -> tuple[InterventionReco
     for fired in firings:
         record = passes[fired.firing.op_index]
         found = InterventionRecord(fired.firing.site, record.label, fired.action,
-                                   fired.max_abs_change, record.op_index, fired.number)
+                                   float(fired.max_abs_change), record.op_index, fired.number)
         records.append(found)
         marks = list(record.extra.get("interventions", ()))
         marks.append(found.as_json())
