@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from torchlog.errors import InvalidOptionError, LogFileError, LogFileExistsError
+from torchlog.interventions.sites import check_stop_after
 from torchlog.seeding import seeded
 from torchlog.selection import check_entries
 from torchlog.storage import files
@@ -40,7 +41,8 @@ __all__ = ["extract", "open_activations"]
 def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             batch_size: int | None = None, overwrite: bool = False, progress: bool | None = None,
             compression: str | None = None, on_batch: Callable[[Any, int], None] | None = None,
-            chunks: bool | int | None = None, random_seed: int = 0) -> ActivationFile:
+            chunks: bool | int | None = None, random_seed: int = 0,
+            stop_after: Any = None) -> ActivationFile:
     """Save `layers` of `model` over every batch of `inputs` into one array per layer in `to`.
 
     The model is called once per batch. The first batch is logged once, which finds the
@@ -78,6 +80,10 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             chunks; an int sets the samples per chunk; False insists on contiguous storage
             (a known number of samples, no compression).
         random_seed: seed of batch 0; batch i runs with random_seed + i.
+        stop_after: a site as log_forward_pass takes it ('h.1', 'relu_2_4', a selector):
+            each batch ends right after it, so the rest of the model never runs (the
+            layers must all run before it). Every batch then runs lean or logged, not with
+            module hooks.
 
     Returns:
         The file, opened for reading as numpy arrays.
@@ -100,10 +106,11 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
         (10, 4)
     """
     options = WriteOptions(compression)
+    check_stop_after(stop_after)
     batches = Batches(inputs, batch_size)
     _check_chunks(chunks, compression, batches)
     job = _Job(model, _check_layers(layers), batches, files.as_path(to, "to"), current_group(),
-               random_seed, on_batch)
+               random_seed, on_batch, stop_after)
     with _rng_states_kept(batches, on_batch, random_seed):
         problem, state = None, None
         try:
@@ -155,7 +162,7 @@ class _Job:
     """One process's part of an extract: its file, its batches, and the plan that saves them."""
 
     def __init__(self, model: nn.Module, entries: list, batches: Batches, target: str, group: Group,
-                 seed: int, on_batch: Callable | None) -> None:
+                 seed: int, on_batch: Callable | None, stop_after: Any = None) -> None:
         self.target = target
         self.group = group
         self.batches = batches
@@ -164,10 +171,10 @@ class _Job:
         self.path = target if world == 1 else shard_path(target, group.rank, world)
         model_name = type(model).__name__
         self.config = run_config(model_name, entries, batches.batch_size, batches.num_samples,
-                                 world, None if world == 1 else group.rank)
+                                 world, None if world == 1 else group.rank, stop_after)
         self.target_config = run_config(model_name, entries, batches.batch_size, batches.num_samples,
-                                        world, None)
-        self.plan = ExtractPlan(model, entries, needs_history=on_batch is not None)
+                                        world, None, stop_after)
+        self.plan = ExtractPlan(model, entries, needs_history=on_batch is not None, stop_after=stop_after)
         self.seed = seed
         self.on_batch = on_batch
 

@@ -30,17 +30,19 @@ def entry_text(entry: Any) -> str | int:
 # What a rerun must share with the run that wrote a file, as messages name it.
 _KEYS = {"model_name": "the model", "layers": "layers", "batch_size": "batch_size",
          "num_samples": "the number of samples",
-         "world_size": "the world size (the total number of processes)", "rank": "the rank"}
+         "world_size": "the world size (the total number of processes)", "rank": "the rank",
+         "stop_after": "stop_after"}
 
 
 def run_config(model_name: str, entries: list, batch_size: int | None, num_samples: int | None,
-               world_size: int, rank: int | None) -> dict[str, str]:
+               world_size: int, rank: int | None, stop_after: Any = None) -> dict[str, str]:
     """The root attributes that identify a run (all str: h5py reads them back equal)."""
     config = {"model_name": model_name, "layers": json.dumps([entry_text(e) for e in entries]),
               "batch_size": json.dumps(batch_size), "num_samples": json.dumps(num_samples),
               "world_size": str(world_size)}
     if rank is not None:
         config["rank"] = str(rank)
+    config["stop_after"] = json.dumps(None if stop_after is None else entry_text(stop_after))
     return config
 
 

@@ -37,7 +37,7 @@ from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
 from torchlog.capture.lean import Place, call_names
 from torchlog.capture.module_outputs import ModuleWatcher
-from torchlog.errors import OpSequenceChangedWarning
+from torchlog.errors import InvalidOptionError, OpSequenceChangedWarning
 from torchlog.history import ModelHistory, all_passes
 from torchlog.model_state import model_kept
 from torchlog.records import NodeKind, PassRecord
@@ -59,9 +59,11 @@ class ExtractPlan:
     ops differed from the first batch's.
     """
 
-    def __init__(self, model: nn.Module, entries: list[str | int], needs_history: bool = False) -> None:
+    def __init__(self, model: nn.Module, entries: list[str | int], needs_history: bool = False,
+                 stop_after: Any = None) -> None:
         self.model = model
         self.entries = entries
+        self.stop_after = stop_after  # a site as log_forward_pass takes it: each batch ends there
         self.kind: str | None = None
         self.labels: list[str] = []
         # Each entry with the labels it selected on the first batch, in execution order.
@@ -100,13 +102,15 @@ class ExtractPlan:
     def _start(self, batch: Any, seed: int) -> tuple[dict[str, torch.Tensor], ModelHistory | None]:
         """Log the first batch once; resolve the entries on it; its values from that pass."""
         addresses = dict(self._named)
+        stop = self.stop_after
         if self._needs_history:
             history = log_forward_pass(self.model, batch, layers_to_save=self.entries, random_seed=seed,
-                                       keep_unsaved_layers=True)
+                                       keep_unsaved_layers=True, stop_after=stop)
             self._resolve(history)
             self.kind = "full"
             return self._values(history, self.labels), history
-        if all(isinstance(e, str) and e in addresses for e in self.entries):
+        # Hooks cannot end a pass at an op; with stop_after every batch runs lean (or logged).
+        if stop is None and all(isinstance(e, str) and e in addresses for e in self.entries):
             watcher = ModuleWatcher(self.model, self.entries, self._named)
             with watcher as seen:
                 history = log_forward_pass(self.model, batch, layers_to_save=None, random_seed=seed)
@@ -115,10 +119,11 @@ class ExtractPlan:
                                       self.labels)
             self._reference, self.kind = seen.calls, "hooks"
             return self._runner.values(seen), None
-        history = log_forward_pass(self.model, batch, layers_to_save="all", random_seed=seed)
+        history = log_forward_pass(self.model, batch, layers_to_save="all", random_seed=seed, stop_after=stop)
         chosen = self._resolve(history)
         if all(_lean_kind(p) is not None for p in chosen):
-            self._runner, self._expected = _lean_runner(all_passes(history), chosen, self.labels, self._named)
+            self._runner, self._expected = _lean_runner(all_passes(history), chosen, self.labels, self._named,
+                                                        stop=stop is not None)
             self.kind = "lean"
         else:
             self.kind = "full"
@@ -128,20 +133,32 @@ class ExtractPlan:
         """Note the labels each entry selects in `history`; return the chosen passes."""
         passes = all_passes(history)
         # One entry at a time, so that the file can say which entry chose which layer.
-        per_entry = [resolve(history, [entry]) for entry in self.entries]
+        per_entry = [self._resolve_entry(history, entry) for entry in self.entries]
         self.selected = [(entry, [passes[i].label for i in sorted(found)])
                          for entry, found in zip(self.entries, per_entry)]
         chosen = [passes[i] for i in sorted(set().union(*per_entry))]
         self.labels = [p.label for p in chosen]
         return chosen
 
+    def _resolve_entry(self, history: ModelHistory, entry: str | int) -> set[int]:
+        try:
+            return resolve(history, [entry])
+        except InvalidOptionError as exc:
+            if history.stopped_at is None:
+                raise
+            raise InvalidOptionError(
+                f"{exc}; the pass stopped after {history.stopped_at!r} (stop_after={self.stop_after!r}), so "
+                f"layers that run later are not reached: move stop_after past {entry!r} or leave it out"
+            ) from None
+
     def _full(self, batch: Any, seed: int) -> tuple[dict[str, torch.Tensor], ModelHistory | None]:
         """Log the batch and resolve the entries on its own history, as log_forward_pass does."""
         if self._needs_history:
             history = log_forward_pass(self.model, batch, layers_to_save=self.entries, random_seed=seed,
-                                       keep_unsaved_layers=True)
+                                       keep_unsaved_layers=True, stop_after=self.stop_after)
         else:  # one call: every value kept by reference, the chosen ones taken
-            history = log_forward_pass(self.model, batch, layers_to_save="all", random_seed=seed)
+            history = log_forward_pass(self.model, batch, layers_to_save="all", random_seed=seed,
+                                       stop_after=self.stop_after)
         passes = all_passes(history)
         labels = [passes[i].label for i in sorted(resolve(history, self.entries))]
         return self._values(history, labels), history if self._needs_history else None
@@ -173,8 +190,10 @@ def _lean_kind(record: PassRecord) -> str | None:
 
 
 def _lean_runner(passes: Sequence[PassRecord], chosen: Sequence[PassRecord], labels: list[str],
-                 named_modules: list) -> tuple[LeanRunner, list]:
-    """The runner saving `chosen` at their call positions and places, and the calls it must see."""
+                 named_modules: list, stop: bool = False) -> tuple[LeanRunner, list]:
+    """The runner saving `chosen` at their call positions and places, and the calls it must
+    see; with `stop` (`passes` end where stop_after ended the pass), it ends each pass after
+    the last call they hold."""
     positions: dict[int, tuple[int, int]] = {}
     places: dict[int, tuple[Place, int]] = {}
     num_at: dict[tuple[str, str], int] = {}
@@ -203,7 +222,7 @@ def _lean_runner(passes: Sequence[PassRecord], chosen: Sequence[PassRecord], lab
         {r.label: positions[r.op_index] for r in ops}, {r.label: places[r.op_index] for r in ops},
         {r.label: inputs.index(r.op_index) for r in chosen if kinds[r.label] == "input"},
         {r.label: outputs.index(r.op_index) for r in chosen if kinds[r.label] == "output"},
-        labels, named_modules), expected
+        labels, named_modules, stop_call=count if stop else None), expected
 
 
 def _module_of(record: PassRecord) -> str:

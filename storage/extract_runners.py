@@ -75,10 +75,12 @@ class LeanRunner:
 
     def __init__(self, positions: Mapping[str, tuple[int, int]], places: Mapping[str, tuple[Place, int]],
                  inputs: Mapping[str, int], outputs: Mapping[str, int], order: Sequence[str],
-                 named_modules: list) -> None:
+                 named_modules: list, stop_call: int | None = None) -> None:
         """`positions`: label -> (call number, output index); `places`: label -> (place,
         output index); `inputs`/`outputs`: label -> index among the model's distinct
-        input tensors / returned tensors."""
+        input tensors / returned tensors; `stop_call`: the call after which each pass
+        ends (extract's stop_after), or None."""
+        self._stop_call = stop_call
         self._positions = positions
         self._places = places
         self._inputs = inputs
@@ -96,7 +98,8 @@ class LeanRunner:
         """Run forward once under the lean capture; its sequence is LeanPass.calls."""
         given = list({id(t): t for t, _ in find_tensors((args, kwargs))}.values())
         ends = {label: given[i].detach().clone() for label, i in self._inputs.items() if i < len(given)}
-        seen = run_lean(model, args, kwargs, self._wanted, self._wanted_places, self._named)
+        seen = run_lean(model, args, kwargs, self._wanted, self._wanted_places, self._named,
+                        stop_call=self._stop_call)
         returned = [t for t, _ in find_tensors(seen.output)]
         ends.update({label: returned[i].detach() for label, i in self._outputs.items() if i < len(returned)})
         by_call, by_place = dict(ends), ends

@@ -49,8 +49,11 @@ def load(path: str) -> ModelHistory:
 def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | None = None,
             overwrite: bool = False, progress: bool | None = None,
             compression: str | None = None, tensorboard: Any = None,
-            chunks: bool | int | None = None, random_seed: int = 0) -> Any:
+            chunks: bool | int | None = None, random_seed: int = 0, stop_after: Any = None) -> Any:
     """Run `layers` over a dataset into one array per layer in the file `to`; see torchlog.storage.extract.
+
+    With `stop_after` (a site, as log_forward_pass takes it) each batch ends there: the
+    rest of the model does not run.
 
     With `tensorboard` (a folder or a SummaryWriter), each batch also gets a histogram and
     mean/std scalars per extracted layer at step = batch index (see torchlog.export); every
@@ -66,7 +69,7 @@ def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | No
     with batch_summaries(tensorboard) as on_batch:
         return _storage().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
                                   progress=progress, compression=compression, on_batch=on_batch,
-                                  chunks=chunks, random_seed=random_seed)
+                                  chunks=chunks, random_seed=random_seed, stop_after=stop_after)
 
 
 def _storage() -> Any:

@@ -21,7 +21,7 @@ from torchlog.capture.nesting import find_tensors
 
 # The recorder's own rules for which calls are ops: the lean count must match its call_id.
 from torchlog.capture.ops import DESCRIPTIONS, collapse, describe, output_tensors
-from torchlog.capture.plan import Firing, OpPlan, substitute, unfit
+from torchlog.capture.plan import Firing, OpPlan, StopCapture, substitute, unfit
 from torchlog.errors import InterventionError
 
 __all__ = ["LeanPass", "Place", "run_lean", "call_names"]
@@ -40,8 +40,9 @@ class LeanPass:
 
     calls: list[Any]  # the function of every counted call; a multi-output call adds its count after it
     saved: dict[tuple[int, int], torch.Tensor]  # (1-based call number, output index) -> copy
-    output: Any  # what forward returned
+    output: Any  # what forward returned; None when the pass was stopped
     at_places: dict[tuple[Place, int], torch.Tensor] = field(default_factory=dict)  # (place, output index) -> copy
+    stopped: bool = False  # the pass ended after call `stop_call` (forward did not return)
 
 
 class _LeanMode(TorchFunctionMode):
@@ -53,8 +54,10 @@ class _LeanMode(TorchFunctionMode):
     """
 
     def __init__(self, wanted: Mapping[int, tuple[int, ...]],
-                 places: Mapping[Place, tuple[int, ...]], plan: OpPlan | None = None) -> None:
+                 places: Mapping[Place, tuple[int, ...]], plan: OpPlan | None = None,
+                 stop_call: int | None = None) -> None:
         super().__init__()
+        self.stop_call = stop_call  # the call after which the pass ends, or None
         self.wanted = wanted
         self.places = places
         self.place_names = frozenset(name for name, _, _ in places)
@@ -121,6 +124,8 @@ class _LeanMode(TorchFunctionMode):
                     self.saved[(self.count, index)] = outs[index].detach().clone()
         if self.place_names:
             self._count_place(func, outs, wanted)
+        if self.count == self.stop_call:
+            raise StopCapture()
 
     def _count_place(self, func: Any, outs: list, wanted: tuple[int, ...] | None) -> None:
         """Number this call among the calls of its function in its module; copy it when its
@@ -157,7 +162,8 @@ class _LeanMode(TorchFunctionMode):
 
 def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, tuple[int, ...]],
              places: Mapping[Place, tuple[int, ...]] | None = None,
-             named_modules: list | None = None, plan: OpPlan | None = None) -> LeanPass:
+             named_modules: list | None = None, plan: OpPlan | None = None,
+             stop_call: int | None = None) -> LeanPass:
     """Run `model(*args, **kwargs)` counting ops and copying the outputs `wanted` and
     `places` name.
 
@@ -177,9 +183,12 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
         named_modules: `list(model.named_modules())` when the caller has it.
         plan: actions by call position (`OpPlan.at_calls`; capture/plan.py), applied to
             the outputs of those calls as the recorder applies them.
+        stop_call: end the pass right after this call was counted (and its outputs
+            copied), as `stop_after` ends a logged pass: nothing after it runs.
 
     Returns:
-        The LeanPass; the mode is removed when forward returns or raises.
+        The LeanPass (`stopped` when `stop_call` was reached); the mode is removed when
+        forward returns, raises or is stopped.
 
     Raises:
         Whatever forward raises, unchanged.
@@ -191,15 +200,20 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
         >>> call_names(seen.calls), seen.saved[(2, 0)].shape
         (['linear', 'relu'], torch.Size([1, 3]))
     """
-    mode = _LeanMode(wanted, places or {}, plan)
+    mode = _LeanMode(wanted, places or {}, plan, stop_call)
     handles = _follow_modules(model, mode, named_modules) if places else ()
+    output, stopped = None, False
     try:
         with mode:
             output = model(*args, **kwargs)
+    except StopCapture as stop:
+        if stop.error is not None:
+            raise stop.error from None
+        stopped = True
     finally:
         for handle in handles:
             handle.remove()
-    return LeanPass(mode.calls, mode.saved, output, mode.at_places)
+    return LeanPass(mode.calls, mode.saved, output, mode.at_places, stopped)
 
 
 def _follow_modules(model: nn.Module, mode: _LeanMode, named_modules: list | None) -> tuple:
