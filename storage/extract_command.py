@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--chunks", type=int, default=None,
                          help="samples per chunk (default: contiguous when the size is known)")
     command.add_argument("--seed", type=int, default=0, help="seed of batch 0 (batch i: seed + i)")
+    command.add_argument("--stop-after", default=None, metavar="SITE",
+                         help="end each batch right after this label, module address ('h.3:1') or "
+                              "position: the rest of the model does not run")
     command.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                          help="torch.distributed backend (default: nccl with CUDA, else gloo)")
     command.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -85,7 +88,8 @@ def run_extract(args: argparse.Namespace) -> str:
             model, data = model.to(device), _on_device(data, device, args.batch_size)
         acts = extract(model, data, [_entry(e) for e in args.layers], args.to, args.batch_size,
                        overwrite=args.overwrite, progress=False if args.no_progress else None,
-                       compression=args.compression, chunks=args.chunks, random_seed=args.seed)
+                       compression=args.compression, chunks=args.chunks, random_seed=args.seed,
+                       stop_after=None if args.stop_after is None else _entry(args.stop_after))
         return f"wrote {acts!r}" if _rank() == 0 else ""
     finally:
         if joined:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -58,3 +59,16 @@ def test_a_layer_that_selects_nothing_is_refused_before_the_file_is_replaced(
     assert status == 1
     assert "layers_to_save entry 'conv2d' matches no layer" in capsys.readouterr().err
     assert (tmp_path / "acts.h5").read_bytes() == before
+
+
+def test_stop_after_ends_each_batch_as_extract_does(tmp_path: Path) -> None:
+    assert main(["extract", "--model", f"{FACTORIES}:model", "--data", f"{FACTORIES}:data", "--layers",
+                 "relu_1_2", "--batch-size", "4", "--to", str(tmp_path / "acts.h5"), "--no-progress",
+                 "--stop-after", "relu_1_2"]) == 0
+    expected = torchlog.extract(factories.model(), factories.data(), ["relu_1_2"], tmp_path / "api.h5",
+                                batch_size=4)
+    acts = torchlog.storage.open_activations(tmp_path / "acts.h5")
+    assert list(acts) == ["relu_1_2"]
+    np.testing.assert_array_equal(acts["relu_1_2"], expected["relu_1_2"])
+    with h5py.File(tmp_path / "acts.h5", "r") as file:
+        assert file.attrs["stop_after"] == '"relu_1_2"'
