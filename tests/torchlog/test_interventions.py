@@ -243,6 +243,69 @@ def test_an_in_place_op_site_changes_what_the_model_reads_next() -> None:
     assert torch.equal(history[-1].tensor_contents, want)
 
 
+def test_each_firing_summarises_the_value_before_the_action_as_statistics_does() -> None:
+    from torchlog.statistics import summarize
+
+    model, x = _net()
+    history = torchlog.log_forward_pass(model, x, intervene={"relu_1_2": scale(3.0), "1": add(torch.ones(5))})
+    want = summarize(_relu_value(model, x))  # the oracle: the plain forward's relu output
+    first, second = history.interventions
+    for name in ("numel", "num_nan", "num_inf", "zeros"):
+        assert first.before[name] == getattr(want, name)
+    for name in ("min", "max", "mean", "std"):
+        assert first.before[name] == pytest.approx(getattr(want, name), rel=1e-6, abs=1e-7)
+    # The second action sees the first one's result: three times the relu output.
+    assert second.before["max"] == pytest.approx(3 * want.max, rel=1e-6)
+    assert second.before["std"] == pytest.approx(3 * want.std, rel=1e-6)
+    assert history["relu_1_2"].extra["interventions"][0]["before"] == first.before
+
+
+def test_a_module_site_listed_before_an_op_site_on_the_same_value_is_refused_not_reordered() -> None:
+    """Module sites act when the module returns, after the op's own sites: listing the module
+    first asks for an order the pass cannot keep, so it is an error, not a silent swap."""
+    model, x = _net()
+    with pytest.raises(InterventionError, match=r"sites '1' and 'relu_1_2' both change op .* list '1' after 'relu_1_2'"):
+        torchlog.log_forward_pass(model, x, intervene={"1": scale(3.0), "relu_1_2": add(torch.ones(5))})
+    inner = nn.Sequential(nn.Sequential(nn.Linear(4, 5), nn.ReLU()), nn.Linear(5, 2))
+    with pytest.raises(InterventionError, match=r"sites '0' and '0.1' both change op"):
+        torchlog.log_forward_pass(inner, x, intervene={"0": scale(3.0), "0.1": add(torch.ones(5))})
+    # Replay refuses the same order with the same words.
+    from torchlog.replay import replay
+
+    logged = torchlog.log_forward_pass(model, x, save_function_args=True)
+    with pytest.raises(InterventionError, match=r"sites '1' and 'relu_1_2' both change op .* list '1' after 'relu_1_2'"):
+        replay(logged, {"1": scale(3.0), "relu_1_2": add(torch.ones(5))})
+    # In the order the pass can keep, both act, in that order.
+    history = torchlog.log_forward_pass(inner, x, intervene={"0.1": add(torch.ones(5)), "0": scale(3.0)})
+    with torch.no_grad():
+        want = inner[1]((inner[0](x) + 1) * 3)
+    torch.testing.assert_close(history[-1].tensor_contents, want)
+
+
+def test_the_before_summary_of_an_in_place_op_is_the_value_before_the_edit_landed() -> None:
+    from torchlog.statistics import summarize
+
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = self.fc(x)
+            h.relu_()
+            return h * 2
+
+    torch.manual_seed(0)
+    model, x = InPlace(), torch.randn(4, 3)
+    history = torchlog.log_forward_pass(model, x, intervene={select.func("relu"): zero_ablate()})
+    (record,) = history.interventions
+    with torch.no_grad():
+        want = summarize(torch.relu(model.fc(x)))
+    assert want.max > 0  # the control: the edit (zeros) would read max 0
+    assert record.before["max"] == pytest.approx(want.max, rel=1e-6)
+    assert record.before["mean"] == pytest.approx(want.mean, rel=1e-6)
+
+
 # ----- each action against its formula ------------------------------------------------------------
 def _relu_value(model, x):
     with torch.no_grad():

@@ -18,7 +18,8 @@ import torch
 
 from torchlog.select import OpView
 
-__all__ = ["Act", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "max_change", "substitute", "unfit"]
+__all__ = ["Act", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "max_change", "out_of_order",
+           "substitute", "unfit"]
 
 
 class Firing(NamedTuple):
@@ -114,6 +115,17 @@ def substitute(value: Any, old: torch.Tensor, new: torch.Tensor) -> Any:
             copy[key] = substitute(item, old, new)
         return copy
     return value
+
+
+def out_of_order(first: Any, fired: Any, op_index: int, func_name: str, module_call: tuple[str, int]) -> str:
+    """Why an exit action (site `first`) listed before an action that already changed the
+    same value (site `fired`, at the op or at an inner module's exit) cannot act: the pass
+    cannot apply them in `intervene`'s order, and the other order would be silent."""
+    address, number = module_call
+    return (f"sites {first!r} and {fired!r} both change op {op_index} ({func_name!r}, output of "
+            f"{address}:{number}), and {first!r} comes first in intervene, but it acts when module "
+            f"{address!r} returns, after {fired!r} already acted; list {first!r} after {fired!r}, or "
+            "name both sites the same way")
 
 
 def unfit(new: Any, value: torch.Tensor) -> str | None:

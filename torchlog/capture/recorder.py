@@ -17,7 +17,7 @@ from torchlog.capture.functionals import run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
-from torchlog.capture.plan import Act, Firing, StopCapture, max_change, substitute, unfit
+from torchlog.capture.plan import Act, Firing, StopCapture, max_change, out_of_order, substitute, unfit
 from torchlog.errors import InterventionError
 from torchlog.labels import layer_type_of
 from torchlog.select import OpView
@@ -38,6 +38,7 @@ class FiringRecord(NamedTuple):
     firing: Firing  # where it fired
     action: Any  # the action applied
     max_abs_change: Any  # largest absolute change it made (NaN-aware): a 0-d tensor, read after the pass
+    before: Any = None  # the value before the action (summarised once the pass is over)
 
 _Tensor = torch.Tensor
 _SETITEM = SETITEM
@@ -744,9 +745,10 @@ class Recorder:
             if not acts:
                 continue
             new = t
+            inplace = writes or "out" in kwargs or any(t is a for a in args)
             for act in acts:
-                new = self._apply(act, new, Firing(act.site, index, name, None, label))
-            if writes or "out" in kwargs or any(t is a for a in args):
+                new = self._apply(act, new, Firing(act.site, index, name, None, label), inplace and new is t)
+            if inplace:
                 # The op wrote into a tensor the model holds and may not use its result:
                 # the edit goes where the op wrote.
                 with torch._C.DisableTorchFunction():
@@ -768,6 +770,7 @@ class Recorder:
             acts = [r.act for r in rules if (r.call is None or r.call == call[1])
                     and (r.test is None or r.test(view))]
             if acts:
+                self._check_order(acts, index, call)
                 old = find_tensors(output)[0][0]
                 new = old
                 for act in acts:
@@ -779,8 +782,19 @@ class Recorder:
             raise StopCapture()
         return output
 
-    def _apply(self, act: Act, value: torch.Tensor, firing: Firing) -> torch.Tensor:
-        """`act`'s action on `value`, checked, and noted in `firings`.
+    def _check_order(self, acts: list[Act], index: int, call: tuple[str, int]) -> None:
+        """Refuse exit actions listed before an action that already changed the same value
+        (at its op, or at the exit of an inner module returning it): `intervene`'s order
+        cannot be kept, and acting anyway would apply them the other way round."""
+        first = min(acts, key=_act_number)
+        for fired in reversed(self.firings):
+            if fired.firing.op_index == index and fired.number > first.number:
+                raise StopCapture(InterventionError(out_of_order(
+                    first.site, fired.firing.site, index, self.nodes[index].func_name, call)))
+
+    def _apply(self, act: Act, value: torch.Tensor, firing: Firing, overwritten: bool = False) -> torch.Tensor:
+        """`act`'s action on `value`, checked, and noted in `firings` with `value` as it was
+        (a copy when `overwritten`: the edit will be written into it).
 
         Raises:
             StopCapture: carrying an InterventionError when the action raised or returned
@@ -802,7 +816,8 @@ class Recorder:
                 raise StopCapture(InterventionError(
                     f"the action {act.action!r} of site {act.site!r} {problem} {where}; an action "
                     "must return a tensor of the value's shape, dtype and device"))
-            self.firings.append(FiringRecord(act.number, firing, act.action, max_change(value, new)))
+            before = value.detach().clone() if overwritten else value.detach()
+            self.firings.append(FiringRecord(act.number, firing, act.action, max_change(value, new), before))
         return new
 
     def _adopt(self, node: RawNode, new: torch.Tensor) -> None:

@@ -5,7 +5,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from torchlog.statistics import TensorStats, summarize
+
 __all__ = ["InterventionRecord", "intervention_records"]
+
+_SUMMARY = ("numel", "num_nan", "num_inf", "zeros", "min", "max", "mean", "std")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +22,9 @@ class InterventionRecord:
     max_abs_change: float  # the largest absolute change it made to the value
     op_index: int  # the pass's position among every pass of the run
     number: int = 0  # the (site, action) pair's position in `intervene`
+    # The value before the action, summarised as torchlog.statistics does (numel, num_nan,
+    # num_inf, zeros, min, max, mean, std); None when not known (a log from an older torchlog).
+    before: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The record as JSON-ready data (for log files): site and action as text."""
@@ -27,7 +34,7 @@ class InterventionRecord:
                 "label": self.label, "action": repr(self.action),
                 "action_name": getattr(self.action, "name", "call"), "params": params,
                 "max_abs_change": None if math.isnan(change) else change, "op_index": self.op_index,
-                "number": self.number}
+                "number": self.number, "before": self.before}
 
     def __str__(self) -> str:
         return f"{self.label}: {self.action!r} at site {self.site!r} (max |change| {self.max_abs_change:.4g})"
@@ -39,10 +46,17 @@ def intervention_records(firings: tuple, passes: list) -> tuple[InterventionReco
     records = []
     for fired in firings:
         record = passes[fired.firing.op_index]
+        # One at a time: a value's summary then does not depend on what else fired.
+        before = None if fired.before is None else _summary(summarize(fired.before))
         found = InterventionRecord(fired.firing.site, record.label, fired.action,
-                                   float(fired.max_abs_change), record.op_index, fired.number)
+                                   float(fired.max_abs_change), record.op_index, fired.number, before)
         records.append(found)
         marks = list(record.extra.get("interventions", ()))
         marks.append(found.as_json())
         record.extra = {**record.extra, "interventions": marks}
     return tuple(records)
+
+
+def _summary(stats: TensorStats) -> dict[str, Any]:
+    """The statistics a record keeps of a value, JSON-ready (no histogram)."""
+    return {name: getattr(stats, name) for name in _SUMMARY}

@@ -15,7 +15,7 @@ from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY
 from torchlog.capture.ops import describe
 from torchlog.capture.plan import Act, Firing, unfit
-from torchlog.capture.plan import max_change
+from torchlog.capture.plan import max_change, out_of_order
 from torchlog.capture.recorder import FiringRecord
 from torchlog.capture.rng import rng_restored
 from torchlog.capture.writes import returns_nothing_but_writes
@@ -180,6 +180,12 @@ def _planned(history: ModelHistory, passes: list[PassRecord], sites: tuple[Site,
             found.setdefault(target.firing.op_index, []).append(target)
     for targets in found.values():
         targets.sort(key=lambda t: t.order)
+        for position, target in enumerate(targets):
+            later = [t for t in targets[:position] if t.act.number > target.act.number]
+            if target.exit_call is not None and later:
+                firing = target.firing
+                raise InterventionError(out_of_order(target.act.site, later[0].act.site, firing.op_index,
+                                                     firing.func_name, firing.module_call))
     return found
 
 
@@ -484,7 +490,7 @@ def _applied(planned: _Planned, value: torch.Tensor, firings: list) -> torch.Ten
     if problem is not None:
         raise InterventionError(f"the action {act.action!r} of site {act.site!r} {problem} {where}; an "
                                 "action must return a tensor of the value's shape, dtype and device")
-    firings.append((planned.order, FiringRecord(act.number, firing, act.action, max_change(value, new))))
+    firings.append((planned.order, FiringRecord(act.number, firing, act.action, max_change(value, new), value.detach())))
     return new
 
 
