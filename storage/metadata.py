@@ -165,7 +165,7 @@ def _intervention(d: dict[str, Any]) -> InterventionRecord:
     change = d.get("max_abs_change")
     return InterventionRecord(d["site"], d["label"], d["action"],
                               float("nan") if change is None else change, d["op_index"],
-                              d.get("number", 0))
+                              d.get("number", 0), d.get("before"))
 
 
 def _known(cls: type, fields: dict[str, Any]) -> dict[str, Any]:

@@ -644,6 +644,7 @@ def test_a_log_file_records_the_interventions_as_data_and_marks_the_passes(tmp_p
     (record,) = loaded.interventions
     assert (record.site, record.label, record.action) == ("1", "relu_1_2", "add(vector=<tensor (5,) float32>, alpha=2.0, dim=-1)")
     assert record.max_abs_change == pytest.approx(history.interventions[0].max_abs_change)
+    assert record.before == history.interventions[0].before and record.before["numel"] == 15
     (mark,) = loaded["relu_1_2"].extra["interventions"]
     assert mark["action_name"] == "add" and mark["params"]["alpha"] == 2.0
     assert torch.equal(loaded["relu_1_2"].tensor_contents, history["relu_1_2"].tensor_contents)
