@@ -158,6 +158,8 @@ def _pass_entry(record: PassRecord, stats: dict[str, Any] | None,
         "interventions": [f"{mark['action']} at site {mark['site']!r}, max |change| "
                           f"{'nan' if mark['max_abs_change'] is None else format(mark['max_abs_change'], '.4g')}"
                           for mark in record.extra.get("interventions", ())],
+        # the value before the first action at this pass: the panel sets it beside the saved one
+        "before": next(iter(record.extra.get("interventions", ())), {}).get("before"),
     }
     entry.update((key, value) for key, value in optional.items() if value)
     if record.has_grad:

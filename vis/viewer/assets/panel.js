@@ -50,10 +50,22 @@ function statsHtml(p) {
   const s = p.stats;
   if (!s) return "<p>Saved (no statistics: not a tensor).</p>";
   const bad = (n) => (n ? `<span class="warn">${n}</span>` : "0");
-  return rows([["min", num(s.min)], ["max", num(s.max)], ["mean", num(s.mean)], ["std", num(s.std)],
-    ["zeros", (100 * s.zeros).toFixed(1) + " %"], ["NaN", bad(s.nan)], ["Inf", bad(s.inf)],
-    ["elements", String(s.numel)]]) + (s.hist ? histogramSvg(s.hist) + logToggleHtml() : "") +
+  const table = p.before ? beforeAfterHtml(p.before, s, bad) : rows([["min", num(s.min)], ["max", num(s.max)],
+    ["mean", num(s.mean)], ["std", num(s.std)], ["zeros", (100 * s.zeros).toFixed(1) + " %"], ["NaN", bad(s.nan)],
+    ["Inf", bad(s.inf)], ["elements", String(s.numel)]]);
+  return table + (s.hist ? histogramSvg(s.hist) + logToggleHtml() : "") +
     (s.heat ? heatmapHtml(s.heat) : "");
+}
+
+// An intervened pass: each statistic of the value before the first action and of the value saved.
+function beforeAfterHtml(b, s, bad) {
+  const pct = (z) => (100 * z).toFixed(1) + " %";
+  const line = ([name, before, after]) => `<tr><td>${name}</td><td>${before}</td><td>${after}</td></tr>`;
+  return '<table id="torchlog-before-after"><tr><td></td><td><b>before</b></td><td><b>after</b></td></tr>' + [
+    ["min", num(b.min), num(s.min)], ["max", num(b.max), num(s.max)], ["mean", num(b.mean), num(s.mean)],
+    ["std", num(b.std), num(s.std)], ["zeros", pct(b.zeros), pct(s.zeros)], ["NaN", bad(b.num_nan), bad(s.nan)],
+    ["Inf", bad(b.num_inf), bad(s.inf)], ["elements", String(b.numel), String(s.numel)],
+  ].map(line).join("") + "</table>";
 }
 
 function passRows(p) {
@@ -61,6 +73,7 @@ function passRows(p) {
   return rows([
     ["function", `<code>${esc(p.func)}</code>`],
     ["kind", esc(p.kind) + (p.inplace ? " (in-place)" : "")],
+    ["intervened", p.interventions ? p.interventions.map(esc).join("<br>") : null],
     ["pass", p.npasses > 1 ? `${p.pass} of ${p.npasses}` : null],
     ["shape", esc(shapeText(p.shape))],
     ["dtype", esc(p.dtype)],
