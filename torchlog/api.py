@@ -309,6 +309,7 @@ def _build(request: Request, captured: CapturedPass, started: float, prune: bool
         elapsed_s=perf_counter() - started,
         num_modules=len(built.modules),
         all_passes=built.passes,
+        activation_postfunc=_name_of(request.options.activation_postfunc),
     )
     if store is not None:
         store.attach(passes)  # pruned passes get no gradient
@@ -322,6 +323,13 @@ def _build(request: Request, captured: CapturedPass, started: float, prune: bool
         info.failure, info.failed_parents = _describe_failure(captured.failure, built.passes)
         info.error = f"{type(captured.failure.error).__name__}: {captured.failure.error}"
     return ModelHistory(passes, built.layers, built.modules, info)
+
+
+def _name_of(func: Any) -> str | None:
+    """A postfunc's name as a log keeps it ('abs', '<lambda>', a callable object's class), or None."""
+    if func is None:
+        return None
+    return getattr(func, "__name__", None) or type(func).__name__
 
 
 def _describe_failure(failure: Failure, passes: list) -> tuple[str, tuple]:

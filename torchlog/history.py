@@ -35,6 +35,8 @@ class RunInfo:
     interventions: tuple = ()
     # With stop_after: the label of the pass after which the forward pass was ended.
     stopped_at: str | None = None
+    # With activation_postfunc: its name; the saved values are its results, not activations.
+    activation_postfunc: str | None = None
 
 
 class ModelHistory(Sequence):

@@ -282,6 +282,30 @@ def test_a_module_site_listed_before_an_op_site_on_the_same_value_is_refused_not
     torch.testing.assert_close(history[-1].tensor_contents, want)
 
 
+def test_patch_from_and_replay_refuse_a_history_of_postfunc_results_not_activations(tmp_path) -> None:
+    """A run logged with activation_postfunc saved that function's results: patching them in,
+    or re-running ops from them, would use other values than the activations (here the same
+    shape, so no shape check would catch it)."""
+    from torchlog.errors import InvalidOptionError
+    from torchlog.replay import replay
+
+    model, x = _net()
+    postfunc = torch.abs
+    source = torchlog.log_forward_pass(model, x, activation_postfunc=postfunc, save_function_args=True)
+    assert source.info.activation_postfunc == "abs"
+    with pytest.raises(InvalidOptionError, match=r"patch_from: .* activation_postfunc=abs, .* without activation_postfunc"):
+        patch_from(source)
+    with pytest.raises(InvalidOptionError, match=r"activation_postfunc=abs, .* without activation_postfunc"):
+        replay(source, {"relu_1_2": scale(2.0)})
+    pytest.importorskip("h5py")
+    torchlog.log_forward_pass(model, x, activation_postfunc=postfunc, save_to=str(tmp_path / "abs.h5"))
+    with pytest.raises(InvalidOptionError, match="activation_postfunc=abs"):  # a log file keeps the name
+        patch_from(torchlog.load(str(tmp_path / "abs.h5")))
+    plain = torchlog.log_forward_pass(model, x)
+    assert plain.info.activation_postfunc is None
+    patch_from(plain)  # the control: a plain run is accepted
+
+
 def test_the_before_summary_of_an_in_place_op_is_the_value_before_the_edit_landed() -> None:
     from torchlog.statistics import summarize
 

@@ -214,6 +214,11 @@ class _PatchFrom(Action):
         if not isinstance(history, ModelHistory):
             raise InvalidArgumentTypeError(
                 f"patch_from takes a ModelHistory (the run to copy values from), got {history!r}")
+        if history.info.activation_postfunc is not None:
+            raise InvalidOptionError(
+                f"patch_from: {history!r} was logged with activation_postfunc="
+                f"{history.info.activation_postfunc}, so its saved values are that function's results, "
+                "not the activations to patch in; log the source run without activation_postfunc")
         self.history = history
 
     def __call__(self, value: torch.Tensor, firing: Firing) -> torch.Tensor:

@@ -138,6 +138,11 @@ def _checked_history(history: Any) -> list[PassRecord]:
         raise InvalidArgumentTypeError(
             f"replay takes a ModelHistory (from torchlog.log_forward_pass(..., save_function_args="
             f"True)), got {history!r} of type {type(history).__name__}")
+    if history.info.activation_postfunc is not None:
+        raise InvalidOptionError(
+            f"{history!r} was logged with activation_postfunc={history.info.activation_postfunc}, so its "
+            "saved values are that function's results, and ops re-run from them would compute "
+            "something else; log it without activation_postfunc (and with save_function_args=True)")
     passes = all_passes(history)
     if not any(p.func_args is not None for p in passes):
         raise InvalidOptionError(
