@@ -20,7 +20,8 @@ import torch
 from torchlog.history import ModelHistory, RunInfo, all_passes
 from torchlog.interventions.records import InterventionRecord
 from torchlog.records import (
-    LayerRecord, ModuleRecord, NodeKind, ParamInfo, ParentEdge, PassRecord, PassSpan, TensorMeta,
+    FailedArg, FailedOp, LayerRecord, ModuleRecord, NodeKind, ParamInfo, ParentEdge, PassRecord,
+    PassSpan, TensorMeta,
 )
 from torchlog.storage.format import dtype_from_name, dtype_name
 
@@ -121,8 +122,10 @@ def _layer_to_dict(layer: LayerRecord) -> dict[str, Any]:
 
 
 def _info_to_dict(info: RunInfo) -> dict[str, Any]:
+    # all_passes: the passes themselves; interventions and failed_op: below
     found = {f.name: encode(getattr(info, f.name)) for f in dataclasses.fields(RunInfo)
-             if f.name not in ("all_passes", "interventions")}  # all_passes: the passes themselves
+             if f.name not in ("all_passes", "interventions", "failed_op")}
+    found["failed_op"] = _failed_op_to_dict(info.failed_op)
     # Interventions as plain data: site and action as text, parameters as JSON (no code).
     found["interventions"] = [record.as_json() for record in info.interventions]
     return found
@@ -157,7 +160,27 @@ def _info_from_dict(fields: dict[str, Any]) -> RunInfo:
     if "num_gradient_hooks" not in fields and "save_gradients" in extra:
         fields["num_gradient_hooks"] = extra["save_gradients"]
     fields["interventions"] = tuple(_intervention(d) for d in fields.get("interventions") or ())
+    fields["failed_op"] = _failed_op_from_dict(fields.get("failed_op"))
     return RunInfo(**_known(RunInfo, fields))
+
+
+def _failed_op_to_dict(op: FailedOp | None) -> dict[str, Any] | None:
+    """The call that raised as plain JSON: each argument as [slot, shape, dtype name, source]."""
+    if op is None:
+        return None
+    args = [[encode(a.arg), None if a.shape is None else list(a.shape), dtype_name(a.dtype), a.source]
+            for a in op.args]
+    return {"func_name": op.func_name, "call_site": op.call_site, "source_line": op.source_line,
+            "args": args}
+
+
+def _failed_op_from_dict(d: dict[str, Any] | None) -> FailedOp | None:
+    """Invert `_failed_op_to_dict` on a decoded entry (its arrays are tuples by now)."""
+    if d is None:
+        return None
+    args = tuple(FailedArg(arg, shape, dtype_from_name(dtype), source)
+                 for arg, shape, dtype, source in d["args"])
+    return FailedOp(d["func_name"], d["call_site"], d["source_line"], args)
 
 
 def _intervention(d: dict[str, Any]) -> InterventionRecord:

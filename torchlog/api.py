@@ -1,6 +1,7 @@
 """The public entry point: `log_forward_pass`, from checked arguments to a ModelHistory."""
 from __future__ import annotations
 
+import linecache
 import reprlib
 import warnings
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from torch import nn
 
 from torchlog.arguments import Request, check_render_options, prepare
 from torchlog.assemble import assemble
+from torchlog.capture.call_sites import site_text
 from torchlog.capture.run import module_table
 from torchlog.capture import CaptureOptions, CapturedPass, Failure, run_captured
 from torchlog.collector import collector_paused
@@ -30,6 +32,7 @@ from torchlog.interventions.records import intervention_records
 from torchlog.model_state import compiled_text, eager_submodules, is_compiled, model_kept
 from torchlog.optional import require
 from torchlog.options import LogOptions, merge_options
+from torchlog.records import FailedArg, FailedOp
 from torchlog.seeding import seeded
 from torchlog.selection import resolve
 
@@ -322,6 +325,7 @@ def _build(request: Request, captured: CapturedPass, started: float, prune: bool
         info.is_partial = True
         info.failure, info.failed_parents = _describe_failure(captured.failure, built.passes)
         info.error = f"{type(captured.failure.error).__name__}: {captured.failure.error}"
+        info.failed_op = _failed_op(captured.failure, built.passes)
     return ModelHistory(passes, built.layers, built.modules, info)
 
 
@@ -341,6 +345,21 @@ def _describe_failure(failure: Failure, passes: list) -> tuple[str, tuple]:
         parents = tuple(passes[i].label for i in failure.parent_nodes)
         return f"op {failure.func_name!r} {where} raised {error} (last op logged: {last})", parents
     return f"{error} raised by Python code {where} (last op logged: {last})", ()
+
+
+def _failed_op(failure: Failure, passes: list) -> FailedOp | None:
+    """The torch call that raised, as the history keeps it; None when Python code raised."""
+    if failure.func_name is None:
+        return None
+    site = line = None
+    if failure.site is not None:
+        code, offset = failure.site
+        site, number = site_text(failure.site), code.line_at(offset)
+        if number is not None:  # '' when the file cannot be read (code typed at a prompt)
+            line = linecache.getline(code.co_filename, number).strip() or None
+    args = tuple(FailedArg(slot, shape, dtype, passes[node].label if node is not None else address)
+                 for slot, shape, dtype, node, address in failure.args)
+    return FailedOp(failure.func_name, site, line, args)
 
 
 def _module_text(module_path: tuple) -> str:

@@ -9,7 +9,7 @@ from typing import Any, overload
 from torchlog.errors import InvalidArgumentTypeError, LayerNotFoundError
 from torchlog.lookup import KEY_FORMS, KeyIndex, claim
 from torchlog.optional import require
-from torchlog.records import LayerRecord, ModuleRecord, PassRecord
+from torchlog.records import FailedOp, LayerRecord, ModuleRecord, PassRecord
 
 __all__ = ["ModelHistory", "RunInfo", "all_passes"]
 
@@ -26,6 +26,9 @@ class RunInfo:
     failure: str | None = None  # where the forward pass stopped, for partial histories
     failed_parents: tuple[str, ...] = ()  # inputs of the op that raised
     error: str | None = None  # the exception of a partial history: 'RuntimeError: mat1 and ...'
+    # The torch call that raised: its name, call site, source line and tensor arguments' shapes;
+    # None when the run ended normally or Python code between ops raised.
+    failed_op: FailedOp | None = None
     # Tensors given a gradient hook with save_gradients=True; None when logged without it.
     num_gradient_hooks: int | None = None
     # Every pass of the run, also those layers_to_save left out of the history; None when

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 
 __all__ = ["NodeKind", "LazyTensor", "TensorMeta", "ParamInfo", "ParentEdge", "PassRecord",
-           "PassSpan", "LayerRecord", "ModuleRecord"]
+           "PassSpan", "LayerRecord", "ModuleRecord", "FailedArg", "FailedOp"]
 
 
 class NodeKind(str, Enum):
@@ -68,6 +68,25 @@ class ParentEdge(NamedTuple):
     arg: Any
 
 
+class FailedArg(NamedTuple):
+    """One tensor argument of the op that raised: where it was passed and what it was."""
+
+    arg: Any  # as ParentEdge.arg: position, keyword name, or path into a nested argument
+    shape: tuple[int, ...] | None  # None for a tensor without a shape (a nested tensor)
+    dtype: torch.dtype
+    source: str | None  # the pass that made it ('relu_1_2'), a parameter's address, or None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedOp:
+    """The torch call that raised in a partial history: what ran, where, on which tensors."""
+
+    func_name: str  # 'cat', as PassRecord.func_name
+    call_site: str | None  # 'model.py:23 in forward', as PassRecord.call_site
+    source_line: str | None  # the text of that line, stripped; None when the file is unreadable
+    args: tuple[FailedArg, ...]  # its tensor arguments in argument order
+
+
 class _WeaklyReferable:
     """Lets a slotted record be weakly referenced and name its history's key index
     (`_key_index`, see torchlog.lookup.claim)."""
@@ -96,7 +115,9 @@ class PassRecord(_WeaklyReferable):
     containing_modules: tuple[str, ...]  # 'address:pass', innermost first
     output_of_modules: tuple[str, ...]  # 'address:pass' of module calls that returned this
     output_index: int  # which tensor of a multi-output op's result (0 for single)
-    elapsed_s: float  # time spent in the op itself
+    # Wall time of the torch call alone (saving and other capture work are outside it); for
+    # an asynchronous CUDA op, its launch unless profile=True (which synchronizes).
+    elapsed_s: float
     is_inplace: bool = False  # the op wrote into an existing tensor
     buffer_address: str | None = None  # buffers: 'bn.running_mean'; inputs: where passed, 'args[0]'
     func_args: Any = None  # (args, kwargs) with tensors replaced, when save_function_args

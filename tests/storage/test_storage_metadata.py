@@ -5,11 +5,14 @@ import json
 from pathlib import Path
 
 import h5py
+import pytest
 import torch
 
 import torchlog
 from tests.models import CreatedInside, WithBuffers
 from tests.storage.compare import assert_same_history
+from tests.torchlog.test_partial import JoinsMismatched
+from torchlog.errors import IncompleteLogWarning
 from torchlog.records import NodeKind
 from torchlog.storage.format import METADATA
 
@@ -55,3 +58,19 @@ def test_files_of_the_older_format_load_with_kinds_and_hook_count(tmp_path: Path
     assert all(isinstance(p.kind, NodeKind) for p in loaded)
     assert loaded.info.num_gradient_hooks == history.info.num_gradient_hooks > 0
     assert_same_history(history, loaded)
+
+
+def test_the_failed_op_is_stored_as_plain_json_and_read_back(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    path = tmp_path / "crash.h5"
+    history = torchlog.log_forward_pass(JoinsMismatched(), torch.randn(2, 4), save_to=path, on_error="return")
+    failed = history.info.failed_op
+    assert failed is not None and failed.source_line.startswith("return torch.cat(")
+    with h5py.File(path, "r") as file:
+        stored = json.loads(file[METADATA].asstr()[()])["info"]["failed_op"]
+    assert stored == {"func_name": "cat", "call_site": failed.call_site, "source_line": failed.source_line,
+                      "args": [[[0, 0], [2, 4], "float32", failed.args[0].source],
+                               [[0, 1], [1, 2, 4], "float32", failed.args[1].source]]}
+    with pytest.warns(IncompleteLogWarning):
+        loaded = torchlog.load(path)
+    assert loaded.info.failed_op == failed

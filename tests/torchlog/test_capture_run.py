@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 import pytest
@@ -116,6 +117,11 @@ def test_a_plugin_records_ops_and_failures_through_two_public_methods() -> None:
     failed = run_captured(_Kernel(), (x,), {}, CaptureOptions(plugins=(_plugin(fail=True),)))
     assert failed.failure.func_name == "double" and str(failed.failure.error) == "kernel failed"
     assert [failed.nodes[i].kind for i in failed.failure.parent_nodes] == ["input", "op"]
+    # Its arguments as received, and the line of the plugin's code that reported the failure.
+    assert failed.failure.args == ((0, (2, 3), torch.float32, 0, None), (1, (2, 3), torch.float32, 1, None))
+    code, offset = failed.failure.site
+    lines, start = inspect.getsourcelines(code.code)
+    assert code.co_name == "launch" and 'note_failure("double"' in lines[code.line_at(offset) - start]
 
 
 class _Shared(nn.Module):

@@ -1,6 +1,7 @@
 """Models that raise: the original exception with a note, and the partial history it carries."""
 from __future__ import annotations
 
+import inspect
 import traceback
 
 import pytest
@@ -9,7 +10,10 @@ from torch import nn
 
 import torchlog
 from tests.invariants import check_history
+from torch.overrides import TorchFunctionMode
+
 from torchlog.errors import LayerNotFoundError
+from torchlog.records import FailedArg
 
 
 class CatBlock(nn.Module):
@@ -306,3 +310,92 @@ def test_model_that_fails_before_any_op():
     assert history.layer_labels == ["input_1_0"]
     assert "last op logged: input_1_0" in history.info.failure
     assert "Stopped at:" in str(history)
+
+
+# ----- what the history keeps of the call that raised ---------------------------------------------
+class JoinsMismatched(nn.Module):
+    """torch.cat of a 2-D and a 3-D tensor, inside a submodule; `keyword` passes them by name."""
+
+    class Join(nn.Module):
+        def __init__(self, keyword: bool) -> None:
+            super().__init__()
+            self.keyword = keyword
+
+        def forward(self, y):
+            z = torch.relu(y)
+            if self.keyword:
+                return torch.cat(tensors=[z, y.unsqueeze(0)])
+            return torch.cat([z, y.unsqueeze(0)])
+
+    def __init__(self, keyword: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.join = JoinsMismatched.Join(keyword)
+
+    def forward(self, x):
+        return self.join(self.fc(x))
+
+
+class _LastCall(TorchFunctionMode):
+    """The oracle: the name and tensor arguments (shape, dtype) of the last torch call begun."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = [*args, *kwargs.values()]
+        flat = [t for v in flat for t in (v if isinstance(v, (list, tuple)) else [v])]
+        self.last = (func.__name__, [(tuple(t.shape), t.dtype) for t in flat if isinstance(t, torch.Tensor)])
+        return func(*args, **kwargs)
+
+
+def _source_line(function, needle: str) -> tuple[int, str]:
+    """(line number, stripped text) of the line of `function`'s source that contains `needle`."""
+    lines, start = inspect.getsourcelines(function)
+    found = [(start + i, line.strip()) for i, line in enumerate(lines) if needle in line]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("keyword", [False, True])
+def test_the_failed_op_keeps_its_call_site_source_line_and_argument_shapes(keyword):
+    torch.manual_seed(0)
+    model, x = JoinsMismatched(keyword), torch.randn(2, 4)
+    oracle = _LastCall()
+    with pytest.raises(RuntimeError), oracle:
+        model(x)
+    name, shapes = oracle.last
+    history = _log_error(model, x).torchlog_history
+    failed = history.info.failed_op
+    assert failed.func_name == name == "cat"
+    number, text = _source_line(JoinsMismatched.Join.forward, "tensors=" if keyword else "torch.cat([")
+    assert failed.call_site == f"{inspect.getsourcefile(JoinsMismatched)}:{number} in forward"
+    assert failed.source_line == text
+    assert [(a.shape, a.dtype) for a in failed.args] == shapes == [((2, 4), torch.float32), ((1, 2, 4), torch.float32)]
+    assert [a.arg for a in failed.args] == ([("tensors", 0), ("tensors", 1)] if keyword else [(0, 0), (0, 1)])
+    assert tuple(a.source for a in failed.args) == history.info.failed_parents
+    assert [history[a.source].func_name for a in failed.args] == ["relu", "unsqueeze"]
+    returned = torchlog.log_forward_pass(model, x, on_error="return")
+    assert returned.info.failed_op == failed
+
+
+def test_a_failed_op_names_the_parameter_it_received():
+    class WrongWeight(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(3, 5))
+
+        def forward(self, x):
+            return nn.functional.linear(x.tanh(), self.weight)
+
+    history = torchlog.log_forward_pass(WrongWeight(), torch.randn(2, 4), on_error="return")
+    failed = history.info.failed_op
+    assert failed.func_name == "linear"
+    assert failed.args == (FailedArg(0, (2, 4), torch.float32, history["tanh_1_1"].label),
+                           FailedArg(1, (3, 5), torch.float32, "weight"))
+    assert failed.source_line == _source_line(WrongWeight.forward, "linear(")[1]
+
+
+def test_python_code_that_raises_has_no_failed_op():
+    history = torchlog.log_forward_pass(Checked("assert"), _inputs(), on_error="return")
+    assert history.is_partial and history.info.failed_op is None
+    complete = torchlog.log_forward_pass(CatModel(broken=False), _inputs())
+    assert complete.info.failed_op is None

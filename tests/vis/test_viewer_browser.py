@@ -7,7 +7,9 @@ reading of the history's module chains.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -600,8 +602,19 @@ def test_the_crash_node_says_what_raised_with_which_inputs_and_search_finds_it(d
     assert _modules(driver)["join:1"] == "true" and _inside(driver, failed, '[data-module="join"]')
     rows = _panel_rows(driver)
     assert rows["function"] == "cat" and rows["in module"] == "join:1"
-    assert rows["inputs"] == f"0: {relu} (2, 4), float32" f"1: {unsqueeze} (1, 2, 4), float32"  # <br> apart
+    # <br> apart; the arguments as recorded when cat raised, with their slots in cat's list
+    assert rows["inputs"] == f"arg 0[0]: {relu} (2, 4), float32" f"arg 0[1]: {unsqueeze} (1, 2, 4), float32"
     assert "match 1 of 1" in driver.find_element("id", "torchlog-status").text
+    assert driver.execute_script(
+        "return document.querySelector('#torchlog-graph g.torchlog-selected')?.dataset.failed") == "true"
+    # The call site is the model's own line, found here from its source, not from torchlog.
+    lines, start = inspect.getsourcelines(_Join.forward)
+    (number, text), = [(start + i, line.strip()) for i, line in enumerate(lines) if "torch.cat(" in line]
+    where = f"{os.path.relpath(inspect.getsourcefile(_Join))}:{number} in forward"
+    assert rows["call site"] == where + text  # the <code> location, then the <pre> source line
+    _screenshot(driver, "crash-node-call-site")
+    _search(driver, "func:cat")
+    assert _panel_title(driver) == "forward pass failed"
 
 
 def _search(driver, text: str) -> None:

@@ -18,6 +18,10 @@ class Failure:
     func_name: str | None  # the op that raised, or None when Python code raised
     module_path: tuple[tuple[str, int], ...]  # (address, call) stack at the failing op or deepest raise
     parent_nodes: tuple[int, ...]  # nodes the failing op received; () when Python code raised
+    site: tuple | None = None  # (CodeInfo, offset) of the user code that called the failing op
+    # Its tensor arguments: (slot as ParentEdge.arg, shape or None, dtype, producing node or
+    # None, parameter address or None), in argument order.
+    args: tuple[tuple, ...] = ()
 
 
 class ModuleInfo(NamedTuple):

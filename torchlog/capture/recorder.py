@@ -13,6 +13,7 @@ from torch import nn
 from torchlog.capture.boundaries import module_caller
 from torchlog.capture.call_sites import call_site, name_of
 from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
+from torchlog.capture.failures import failed_args
 from torchlog.capture.functionals import run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
@@ -177,7 +178,8 @@ class Recorder:
                 if b is not None and id(b) not in buffer_addresses:
                     buffer_addresses[id(b)] = prefix + name
                     self._buffer_storages.add(_storage_address(b))
-        self._failed_op: tuple[str, tuple, tuple[int, ...]] | None = None  # (name, stack, parents)
+        # (name, stack, parent nodes, call site, tensor arguments) of the first op that raised
+        self._failed_op: tuple[str, tuple, tuple[int, ...], tuple | None, tuple] | None = None
         self._error_stack: tuple | None = None  # the deepest module stack an exception left
         # Saved values that are the op's own tensor (not copies), for the copy-before-write
         # rule: storage address -> node indexes, and node index -> version when saved.
@@ -394,7 +396,7 @@ class Recorder:
             try:
                 out = func(*args, **kwargs)
             except BaseException:
-                self._note_failure(name, parents)
+                self._note_failure(name, parents, args, kwargs)
                 raise
             elapsed = perf_counter_ns() - t0
             if self._acting_ops:
@@ -419,7 +421,7 @@ class Recorder:
         except BaseException:
             if token is not None:
                 self.profiler.stop(token, t0)  # the model may catch it and go on
-            self._note_failure(name, parents)
+            self._note_failure(name, parents, args, kwargs)
             raise
         elapsed = perf_counter_ns() - t0 if token is None else self.profiler.stop(token, t0)
         if self._acting_ops:
@@ -712,14 +714,30 @@ class Recorder:
         are ignored. Inputs no logged op produced are left out of its parents.
         """
         if self._failed_op is None:
-            refs = (self.producer.get(id(t)) for t in inputs)
-            self._failed_op = (name, self.module_stack,
-                               tuple(dict.fromkeys(ref.node for ref in refs if ref is not None)))
+            with torch._C.DisableTorchFunction():
+                inputs = tuple(inputs)
+                refs = (self.producer.get(id(t)) for t in inputs)
+                parents = [(ref.node, i) for i, ref in enumerate(refs) if ref is not None]
+                self._note_failure(name, parents, inputs, {})
 
-    def _note_failure(self, name: str, parents: list) -> None:
+    def _note_failure(self, name: str, parents: list, args: tuple, kwargs: dict) -> None:
+        """Keep what the partial history says of the op that raised: only the first one counts.
+
+        Runs in the op's `except`, so the per-op path pays nothing for it.
+        """
         if self._failed_op is None:
             nodes = tuple(dict.fromkeys(index for index, _ in parents))
-            self._failed_op = (name, self.module_stack, nodes)
+            args_seen = failed_args(args, kwargs, parents, self._node_of, self._param_address)
+            self._failed_op = (name, self.module_stack, nodes, self._call_site(sys._getframe(1)),
+                               args_seen)
+
+    def _node_of(self, t: torch.Tensor) -> int | None:
+        ref = self.producer.get(id(t))
+        return None if ref is None else ref.node
+
+    def _param_address(self, t: torch.Tensor) -> str | None:
+        info = self.param_info.get(id(t))
+        return info if info is None or isinstance(info, str) else info.address
 
     # ----- interventions and stops (capture/plan.py) ---------------------------------------
     def _act(self, func: Callable, name: str, writes: bool, args: tuple, kwargs: dict, out: Any) -> Any:
@@ -936,8 +954,9 @@ class Recorder:
             self._copier.wait_all()
         failure = None
         if error is not None:
-            name, stack, parents = self._failed_op or (None, self._error_stack or (), ())
-            failure = Failure(error, name, stack, parents)
+            name, stack, parents, site, args = self._failed_op or (
+                None, self._error_stack or (), (), None, ())
+            failure = Failure(error, name, stack, parents, site, args)
         outputs = {call: tuple(nodes) for call, nodes in self.call_outputs.items()}
         return CapturedPass(tuple(self.nodes), dict(self.module_calls), outputs, modules, failure,
                             self.stale_saves(), tuple(self.firings), self.stopped_at)

@@ -6,9 +6,6 @@ go into the page, only their statistics.
 """
 from __future__ import annotations
 
-import linecache
-import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -33,6 +30,7 @@ from torchlog.vis.viewer.failure import failure_entry
 from torchlog.vis.viewer.heatmap import heatmaps
 from torchlog.vis.viewer.outputs import call_lines, call_outputs
 from torchlog.vis.viewer.plumbing import PlumbingScope, plumbing_scopes
+from torchlog.vis.viewer.sites import site_entry
 from torchlog.vis.viewer.stats import tensor_stats_all
 
 if TYPE_CHECKING:
@@ -43,7 +41,6 @@ __all__ = ["FORMAT_VERSION", "page_data"]
 FORMAT_VERSION = 1
 # Bytes of heatmap cells a page holds at most (base64): 1,000 32x32 pictures.
 HEAT_BUDGET = 1_400_000
-_SITE = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<func>.*)$")
 
 
 def page_data(history: "ModelHistory", mode: str, depth: int | None,
@@ -142,7 +139,7 @@ def _pass_entry(record: PassRecord, stats: dict[str, Any] | None,
         "dtype": str(record.dtype).removeprefix("torch."),
         "bytes": record.num_bytes,
         "modules": list(scopes),
-        "site": _site(record.call_site),
+        "site": site_entry(record.call_site),
         "timeUs": round(record.elapsed_s * 1e6, 1),
         "parents": [[e.label, arg_text(e.arg)] for e in record.parents],
         "children": list(record.children),
@@ -182,36 +179,6 @@ def _all_stats(history: "ModelHistory") -> dict[str, dict[str, Any]]:
                 found[key]["heat"] = heat
     return {r.label: found[id(r.saved)] for r in history
             if r.saved is not None and found[id(r.saved)] is not None}
-
-
-def _site(call_site: str | None) -> dict[str, Any] | None:
-    """`{'file', 'line', 'func', 'text'}` of the user code that ran the op."""
-    if call_site is None:
-        return None
-    match = _SITE.match(call_site)
-    if match is None:
-        return {"file": call_site, "line": None, "func": None, "text": None}
-    file, line = match["file"], int(match["line"])
-    text = linecache.getline(file, line).strip() or None
-    return {"file": short_path(file), "line": line, "func": match["func"], "text": text}
-
-
-def short_path(file: str) -> str:
-    """`file` as a reader finds it: relative to the working directory when inside it, from the
-    package down when installed (`transformers/models/gpt2/modeling_gpt2.py`), else whole.
-
-    Example:
-        >>> short_path("/usr/lib/python3/site-packages/transformers/activations.py")
-        'transformers/activations.py'
-    """
-    for marker in ("/site-packages/", "/dist-packages/"):
-        if marker in file:
-            return file.rsplit(marker, 1)[1]
-    try:
-        relative = os.path.relpath(file)
-    except ValueError:  # another drive on Windows
-        return file
-    return file if relative.startswith("..") else relative
 
 
 def _layer_entry(layer: LayerRecord, layers: dict[str, LayerRecord]) -> dict[str, Any]:

@@ -26,6 +26,10 @@ function num(value) {
   return abs !== 0 && (abs < 1e-3 || abs >= 1e5) ? value.toExponential(4) : value.toPrecision(5);
 }
 
+// What a pass's time is (PassRecord.elapsed_s), for the tooltip on it.
+const OP_TIME_NOTE = "wall time of the torch call alone: saving and other capture work are not in it; " +
+  "CUDA ops are asynchronous, so without profile=True it is the launch";
+
 function link(label, text) {
   return `<a data-goto="${esc(label)}">${esc(text || label)}</a>`;
 }
@@ -85,7 +89,7 @@ function passRows(p) {
     ["output of call", p.callOf ? `${link(p.callOf)} (output ${passIndexInCall(p) + 1})` : null],
     ["call site", siteHtml(p.site)],
     ["params", p.params ? p.params.map(([a, s, n]) => `<code>${esc(a)}</code> ${esc(shapeText(s))}, ${n}`).join("<br>") : null],
-    ["time", p.timeUs ? `${p.timeUs} \u00b5s` : null],
+    ["time", p.timeUs ? `<span title="${OP_TIME_NOTE}">${p.timeUs} \u00b5s</span>` : null],
     ["parents", p.parents.length ? p.parents.map(([l, arg]) => link(l) + (arg ? ` <small>(${esc(arg)})</small>` : "")).join("<br>") : "none"],
     ["children", p.children.length ? p.children.map((l) => link(l)).join("<br>") : "none"],
     ["gradient", p.grad ? `${esc(shapeText(p.grad.shape))}, norm ${num(p.grad.norm)}` : null],
@@ -141,11 +145,16 @@ function showModule(moduleKey) {
 
 function showFailure() {
   const f = DATA.failure;
-  const inputs = f.args.map(([l, shape, dtype], i) => `${i}: ${link(l)} <small>${esc(shapeText(shape))}, ${esc(dtype)}</small>`);
+  // Each tensor argument: its slot, the pass that made it (a link) or the parameter it is.
+  const inputs = f.args.map(([source, shape, dtype, slot], i) => {
+    const from = source === null ? "(unlogged tensor)" : passByLabel.has(source) ? link(source) : `<code>${esc(source)}</code>`;
+    return `${esc(slot || String(i))}: ${from} <small>${shape ? esc(shapeText(shape)) : "(no shape)"}, ${esc(dtype)}</small>`;
+  });
   ui.panel.innerHTML = `<h2 class="error">forward pass failed</h2>` +
     `<p class="error">${esc(f.text)}</p>` + (f.error ? `<pre class="error">${esc(f.error)}</pre>` : "") +
     rows([["function", f.func ? `<code>${esc(f.func)}</code>` : "(Python code between ops)"],
       ["in module", f.module ? moduleLink(f.module) : "(top level)"],
+      ["call site", siteHtml(f.site)],
       ["inputs", inputs.length ? inputs.join("<br>") : "none"]]);
 }
 

@@ -69,7 +69,11 @@ function searchTargets(text) {
   const q = text.trim();
   if (!q) return [];
   const tests = queryTests(q);
-  if (tests) return DATA.passes.filter((p) => tests.every((test) => test(p))).map((p) => ({ label: p.label }));
+  if (tests) {
+    const found = DATA.passes.filter((p) => tests.every((test) => test(p))).map((p) => ({ label: p.label }));
+    const failed = DATA.failure && DATA.failure.func && q.toLowerCase() === `func:${DATA.failure.func.toLowerCase()}`;
+    return failed ? [{ failed: true }].concat(found) : found;
+  }
   const exact = [];
   if (passByLabel.has(q) || layerByLabel.has(q)) exact.push({ label: q });
   const asModule = moduleKeyOf(q);
