@@ -102,6 +102,17 @@ def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, 
     return history
 
 
+def log_prepared(request: Request) -> ModelHistory:
+    """Log a request `torchlog.arguments.prepare` checked, as `log_forward_pass` does once
+    its arguments are checked: for callers inside torchlog that set capture options no
+    keyword reaches (`torchlog.find_nonfinite` stops the pass at the first NaN or Inf).
+
+    Raises:
+        Exception: whatever the model raises, as `log_forward_pass` raises it.
+    """
+    return _log(request)
+
+
 def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistory:
     """`gradient_sink` stores the gradients of the history returned (GradientStore's sink)."""
     started = perf_counter()

@@ -457,6 +457,41 @@ def test_find_nonfinite_stops_at_the_op() -> None:
     assert torchlog.find_nonfinite(nn.Identity(), torch.ones(2)) is None  # no op at all
 
 
+class NanThenMore(nn.Module):
+    """A NaN made by `log` between two modules; more modules after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+        self.after = nn.Tanh()
+
+    def forward(self, x):
+        x = self.blocks[1](self.blocks[0](x))
+        x = self.after((x - 100).log())  # log of a negative value: NaN
+        return self.blocks[2](x)
+
+
+def test_find_nonfinite_runs_the_model_once_and_nothing_after_the_op() -> None:
+    torch.manual_seed(0)
+    model, x = NanThenMore(), torch.randn(2, 4)
+    with torch.no_grad():  # the oracle: the same ops in plain PyTorch
+        expected = (model.blocks[1](model.blocks[0](x)) - 100).log()
+    calls = {"blocks.0": 0, "blocks.1": 0, "after": 0, "blocks.2": 0}
+    handles = [module.register_forward_pre_hook(lambda m, args, name=name: calls.__setitem__(name, calls[name] + 1))
+               for name, module in model.named_modules() if name in calls]
+    try:
+        found = torchlog.find_nonfinite(model, x, random_seed=0)
+        assert calls == {"blocks.0": 1, "blocks.1": 1, "after": 0, "blocks.2": 0}
+        assert found.func_name == "log" and found.children == ()
+        torch.testing.assert_close(found.tensor_contents, expected, equal_nan=True)
+        assert bool(torch.isnan(expected).any())
+        model(x)  # capture left nothing behind: the model runs whole again
+        assert calls == {"blocks.0": 2, "blocks.1": 2, "after": 1, "blocks.2": 1}
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def test_find_nonfinite_names_an_input_that_holds_one() -> None:
     x = torch.randn(3, 8)
     x[1, 2] = float("inf")

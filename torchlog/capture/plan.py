@@ -71,6 +71,9 @@ class OpPlan:
     expected: tuple[str, ...] = ()
     stop_node: int | None = None  # end the pass once this node is recorded
     stop_exit: tuple[str, int] | None = None  # end the pass once this module call returns
+    # End the pass once the first op one of whose output tensors this accepts is recorded,
+    # decided as the pass runs (find_nonfinite's stop at the first NaN or Inf).
+    stop_on: Callable[[torch.Tensor], bool] | None = None
 
     @property
     def acts(self) -> bool:

@@ -202,7 +202,7 @@ class Recorder:
         plan = self._plan = options.plan
         self._acting_ops = plan is not None and bool(plan.at_calls or plan.at_ops)
         self._act_calls = frozenset(call for call, _ in plan.at_calls) if plan is not None else frozenset()
-        self._stopping = plan is not None and plan.stop_node is not None
+        self._stopping = plan is not None and (plan.stop_node is not None or plan.stop_on is not None)
         self._acting_exits = plan is not None and bool(plan.at_exits or plan.stop_exit)
         self.firings: list[FiringRecord] = []  # every action applied, in order
         self.stopped_at: int | None = None  # the node after which the pass was stopped
@@ -410,7 +410,7 @@ class Recorder:
                 out = self._record_result(func, name, writes_first_arg, args, kwargs, out,
                                           elapsed, parents, params, None)
             if self._stopping:
-                self._stop_if_due()
+                self._stop_if_due(out)
             return out
         if self.options.save_function_args:
             self._rng_before = self._rng_state(args, kwargs)
@@ -431,7 +431,7 @@ class Recorder:
         if name == "data" and func == _DATA_GET:
             self._watch(args[0])
         if self._stopping:
-            self._stop_if_due()
+            self._stop_if_due(out)
         return out
 
     def _watch(self, t: Any) -> None:
@@ -526,7 +526,7 @@ class Recorder:
             out = self._act(func, name, writes, args, kwargs, out)
         out = self._record_result(func, name, writes, args, kwargs, out, 0, parents, params, None)
         if self._stopping:
-            self._stop_if_due()
+            self._stop_if_due(out)
         return out
 
     def rename_call(self, first_node: int, name: str, func_args: tuple, parents: list,
@@ -877,12 +877,21 @@ class Recorder:
             "seed (state, or an earlier intervention changing control flow). Use a module "
             "address or a torchlog.select selector, which are found while the pass runs"))
 
-    def _stop_if_due(self) -> None:
-        stop = self._plan.stop_node
+    def _stop_if_due(self, out: Any) -> None:
+        """End the pass if the op that returned `out` (its nodes just recorded) is where the
+        plan stops: its `stop_node`, or the first op with an output `stop_on` accepts."""
+        plan = self._plan
+        stop = plan.stop_node
         if stop is not None and len(self.nodes) > stop:
             self._check_ops(stop, stop, self.nodes[stop].func_name)
             self.stopped_at = stop
             raise StopCapture()
+        if plan.stop_on is not None:
+            with torch._C.DisableTorchFunction():  # the test's own ops are not the model's
+                due = any(plan.stop_on(t) for t, _ in find_tensors(out))
+            if due:
+                self.stopped_at = len(self.nodes) - 1
+                raise StopCapture()
 
     # ----- module boundaries ------------------------------------------------------------
     def enter(self, address: str, frame: Any) -> None:

@@ -1,18 +1,19 @@
 """Where a NaN or Inf first appears: the first pass holding one, whose parents hold none."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchlog.api import log_forward_pass
-from torchlog.capture.plan import Firing
-from torchlog.errors import InterventionError, InvalidArgumentTypeError
+from torchlog.api import log_prepared
+from torchlog.arguments import prepare
+from torchlog.capture.plan import OpPlan
+from torchlog.errors import InvalidArgumentTypeError
 from torchlog.history import ModelHistory
+from torchlog.options import LogOptions
 from torchlog.records import PassRecord
-from torchlog.select import OpView, where
-from torchlog.seeding import new_seed
 
 __all__ = ["find_nonfinite", "first_nonfinite", "has_nonfinite"]
 
@@ -50,37 +51,21 @@ def has_nonfinite(value: Any) -> bool:
     return not bool(torch.isfinite(value).all())
 
 
-class _Found(Exception):
-    """Raised by the watch on the first op whose output is not finite: ends the first pass."""
-
-    def __init__(self, op_index: int) -> None:
-        super().__init__(f"op {op_index} returned a NaN or Inf")
-        self.op_index = op_index
-
-
-def _watch(value: torch.Tensor, firing: Firing) -> torch.Tensor:
-    if has_nonfinite(value):
-        raise _Found(firing.op_index)
-    return value  # unchanged: the watch only looks
-
-
 def find_nonfinite(model: nn.Module, input_args: Any, input_kwargs: dict[str, Any] | None = None,
                    *, random_seed: int | None = None) -> PassRecord | None:
     """Run `model` until an op returns a NaN or Inf, and return that pass with its call site.
 
-    Two runs from one seed. The first saves nothing and looks at each op's output as it
-    returns (a `torchlog.interventions` callable that leaves it unchanged), and ends the
-    pass at the first one holding a NaN or Inf: it never runs past it. The second is
-    logged with `stop_after` at that op, saving every value up to it and none after
-    (`stop_after` first finds the op's position in a pass that saves nothing and, like
-    any label site, runs the whole model). The result is `first_nonfinite` of that
-    history: the op, or an input or buffer that held a NaN already.
+    One logged pass, which looks at each op's output as it is recorded and ends right
+    after the first one holding a NaN or Inf: no op after it runs, and values are saved
+    up to it, none after. The result is `first_nonfinite` of that history: the op, or an
+    input or buffer that held a NaN already. (A NaN written by `t[i] = v`, which returns
+    nothing, is seen at the next op that reads `t`.)
 
     Args:
         model: as for `log_forward_pass`.
         input_args: as for `log_forward_pass`.
         input_kwargs: as for `log_forward_pass`.
-        random_seed: the seed of both runs (drawn when None).
+        random_seed: the seed of the run (drawn when None).
 
     Returns:
         The pass (`record.call_site`, `record.module`, `record.tensor_contents`, its parents'
@@ -98,21 +83,7 @@ def find_nonfinite(model: nn.Module, input_args: Any, input_kwargs: dict[str, An
         >>> torchlog.find_nonfinite(Net(), torch.zeros(2)).label
         'log_1_2'
     """
-    seed = new_seed() if random_seed is None else random_seed
-    try:
-        log_forward_pass(model, input_args, input_kwargs, layers_to_save=None, random_seed=seed,
-                         intervene={where(_any_op): _watch})
-    except InterventionError as exc:
-        found = exc.__cause__
-        if isinstance(found, _Found):
-            history = log_forward_pass(model, input_args, input_kwargs, random_seed=seed,
-                                       stop_after=found.op_index)
-            return first_nonfinite(history)
-        if getattr(exc, "torchlog_history", None) is None or exc.torchlog_history.is_partial:
-            raise
-        return None  # a pass with no op: the watch never fired
-    return None
-
-
-def _any_op(op: OpView) -> bool:
-    return True
+    request = prepare(model, input_args, input_kwargs, LogOptions(random_seed=random_seed))
+    request.capture = replace(request.capture, plan=OpPlan(stop_on=has_nonfinite))
+    history = log_prepared(request)
+    return None if history.stopped_at is None else first_nonfinite(history)

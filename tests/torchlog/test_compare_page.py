@@ -1,0 +1,99 @@
+"""Comparison.to_html on a pair of 1,000-pass runs: the page's size, and in Chromium its colours
+against relative L2 differences computed with plain PyTorch from the two runs' saved values."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import torchlog
+
+# The viewer's size budget (issue 11): the page of a 12-layer GPT-2, 555 passes with
+# statistics, is at most 3 MB. A 1,000-pass comparison page of small tensors stays within it.
+PAGE_BUDGET_BYTES = 3_000_000
+LEGEND = "relative L2 difference"
+
+
+class ScaledLoop(nn.Module):
+    """A Linear and tanh stepped 500 times, the state scaled by `scale` after step `at`:
+    1,003 passes. Two copies that differ only in `scale` run the same ops and part there."""
+
+    def __init__(self, steps: int = 500, at: int = 300, scale: float = 1.0) -> None:
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+        self.steps, self.at, self.scale = steps, at, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for step in range(self.steps):
+            x = torch.tanh(self.cell(x))
+            if step == self.at:
+                x = x * self.scale
+        return x
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple[torchlog.ModelHistory, torchlog.ModelHistory]:
+    torch.manual_seed(0)
+    model, x = ScaledLoop(), torch.randn(2, 4)
+    scaled = copy.deepcopy(model)
+    scaled.scale = 1.001
+    return (torchlog.log_forward_pass(model, x, random_seed=0),
+            torchlog.log_forward_pass(scaled, x, random_seed=0))
+
+
+def _relative_l2(a: torchlog.ModelHistory, b: torchlog.ModelHistory) -> dict[str, float]:
+    """||a - b|| / ||a|| of every pass, in float64 from the saved values (the oracle)."""
+    found = {}
+    for record in a:
+        x, y = (h[record.label].tensor_contents.detach().double() for h in (a, b))
+        found[record.label] = float((x - y).norm() / x.norm())
+    return found
+
+
+def test_a_thousand_pass_comparison_page_fits_the_viewer_budget(runs, tmp_path) -> None:
+    a, b = runs
+    assert len(a) == len(b) == 1003
+    comparison = torchlog.compare(a, b)
+    assert comparison.first_divergence.label_a == "mul_1_3"
+    path = tmp_path / "compare.html"
+    assert comparison.to_html(str(path)) == str(path)
+    text = path.read_text(encoding="utf-8")
+    assert len(text.encode()) <= PAGE_BUDGET_BYTES
+    assert LEGEND in text and text.count("mul_1_3") >= 1
+
+
+@pytest.mark.browser
+def test_the_thousand_pass_page_opens_coloured_by_difference(runs, tmp_path) -> None:
+    from tests.vis.browser import open_page, start_browser
+
+    a, b = runs
+    oracle = _relative_l2(a, b)
+    page = torchlog.compare(a, b).to_html(str(tmp_path / "compare.html"))
+    driver = start_browser()
+    try:
+        open_page(driver, page)
+        assert driver.find_element("id", "torchlog-colour").get_attribute("value") == "custom"
+        assert driver.find_element("id", "torchlog-legend").text.startswith(LEGEND)
+        selected = driver.execute_script(
+            "return document.querySelector('#torchlog-graph g.torchlog-selected')?.dataset.key")
+        assert selected == "mul_1_3"  # opened on the first divergence
+        drawn = driver.execute_script(
+            "const out = {}; document.querySelectorAll('#torchlog-graph g.node').forEach(g => {"
+            "  out[g.dataset.key] = [g.dataset.colourValue ?? null,"
+            "    g.querySelector('polygon, ellipse').getAttribute('fill')]; });"
+            "return out;")
+    finally:
+        driver.quit()
+    # Every pass is drawn, an op or input node by its label, each module call collapsed
+    # to a box taking its one op's value (the Linear of that step).
+    expected = {label: oracle[label] for label in oracle if not label.startswith("linear")}
+    expected.update({f"module cell:{n}": oracle[f"linear_1_1:{n}"] for n in range(1, 501)})
+    assert set(drawn) == set(expected)
+    for key, value in expected.items():
+        assert float(drawn[key][0]) == pytest.approx(value, rel=1e-4, abs=1e-12), key
+    fills = {fill for value, fill in drawn.values() if float(value) == 0.0}
+    assert len(fills) == 1  # the passes before the runs part: one colour, the scale's low end
+    largest = max(expected, key=expected.get)
+    assert largest == "mul_1_3" and drawn[largest][1] not in fills
