@@ -8,8 +8,13 @@ positions = 96 patched runs, metric a logit difference at the last position, tor
   writing the clean value (captured beforehand) into that block's output at that position;
   what a TransformerLens-style loop does.
 - sweep, batch_size=None / 16: torchlog.patching.sweep over select.module_type('GPT2Block')
-  with positions=range(16); its set-up (one metadata-only logged pass, two lean passes) is
-  inside the time, and printed apart.
+  with positions=range(16); its set-up (one logged pass of the clean input, one lean pass of
+  the corrupted one) is inside the time, and printed apart. The prompts differ at token 3, so
+  at tokens 0-2 a causal model's clean and corrupted values agree at every block: the sweep
+  does not run those 18 patches (they would write the values already there). The variant
+  "prompts differing at token 0" runs all 96.
+- plain forward on 16 rows: the model on the corrupted input repeated 16 times; six of them
+  (96 runs / 16) are what batch_size=16 would cost if every batched run computed the whole model.
 - attribution: torchlog.patching.attribution over the same rows, in forward-equivalents
   (its time / one plain forward), set-up included and apart.
 - per-run fixed cost: one patched run of nn.Linear(8, 8) on a (2, 8) input (a hook edit
@@ -39,7 +44,8 @@ from provenance import cpu_model, provenance  # noqa: E402
 from torchlog import select  # noqa: E402
 from torchlog.patching import attribution, sweep  # noqa: E402
 from torchlog.patching.runs import Edit, run_patched  # noqa: E402
-from torchlog.patching.site_sweep import find_targets  # noqa: E402
+from torchlog.patching.site_sweep import _writes_nothing  # noqa: E402
+from torchlog.patching.sweep_setup import find_targets, prepare_sweep  # noqa: E402
 
 
 def _bench_models() -> Any:
@@ -112,40 +118,62 @@ def main() -> None:
     clean = torch.randint(0, 1000, (1, 16)).to(args.device)
     corrupted = clean.clone()
     corrupted[0, 3] = (clean[0, 3] + 1) % 1000
+    corrupted_first = clean.clone()  # differs at token 0: no patch writes the values already there
+    corrupted_first[0, 0] = (clean[0, 0] + 1) % 1000
+    repeated = corrupted.repeat(16, 1)
     kwargs = {"use_cache": False}
     sites = select.module_type("GPT2Block")
     positions = list(range(16))
     lines = []
     with torch.no_grad():
-        oracle = _hook_loop(model, clean, corrupted, kwargs)
-        check = sweep(model, clean, corrupted, sites, _metric, positions=positions, input_kwargs=kwargs, progress=False)
-        worst = max(abs(r.metric - o) for r, o in zip(check, oracle))
+        worst = 0.0
+        for other in (corrupted, corrupted_first):
+            oracle = _hook_loop(model, clean, other, kwargs)
+            for batch_size in (None, 16):
+                check = sweep(model, clean, other, sites, _metric, positions=positions, input_kwargs=kwargs,
+                              batch_size=batch_size, progress=False)
+                worst = max([worst] + [abs(r.metric - o) for r, o in zip(check, oracle)])
+        setup = prepare_sweep(model, clean, corrupted, [sites], _metric, kwargs)
+        not_run = sum(_writes_nothing(setup, target, position, 1) for target in setup.targets for position in positions)
         runs = {
             "plain forward": lambda: model(corrupted, **kwargs),
+            "plain forward on 16 rows": lambda: model(repeated, **kwargs),
             "hook loop (96 runs)": lambda: _hook_loop(model, clean, corrupted, kwargs),
             "sweep, batch_size=None": lambda: sweep(model, clean, corrupted, sites, _metric, positions=positions,
                                                      input_kwargs=kwargs, progress=False),
             "sweep, batch_size=16": lambda: sweep(model, clean, corrupted, sites, _metric, positions=positions,
                                                    input_kwargs=kwargs, batch_size=16, progress=False),
-            "sweep set-up (1 metadata log + 2 lean passes)": lambda: torchlog.patching.site_sweep.prepare_sweep(
+            "sweep, batch_size=16, prompts differing at token 0": lambda: sweep(
+                model, clean, corrupted_first, sites, _metric, positions=positions, input_kwargs=kwargs,
+                batch_size=16, progress=False),
+            "sweep set-up (1 logged pass + 1 lean pass)": lambda: prepare_sweep(
                 model, clean, corrupted, [sites], _metric, kwargs),
         }
         medians = _timed(runs, args.rounds, args.device)
-    medians["attribution"] = _timed({"a": lambda: attribution(model, clean, corrupted, sites, _metric,
-                                                              positions=positions, input_kwargs=kwargs)},
-                                    args.rounds, args.device)["a"]
-    base, loop, setup = medians["plain forward"], medians["hook loop (96 runs)"], medians["sweep set-up (1 metadata log + 2 lean passes)"]
+    medians.update(_timed({  # with grad, as attribution runs
+        "attribution": lambda: attribution(model, clean, corrupted, sites, _metric, positions=positions,
+                                           input_kwargs=kwargs),
+        "attribution set-up (1 logged pass)": lambda: prepare_sweep(model, clean, corrupted, [sites], _metric,
+                                                                    kwargs, run_corrupted=False),
+    }, args.rounds, args.device))
+    base, loop = medians["plain forward"], medians["hook loop (96 runs)"]
     if args.device == "cpu":
         lines.append(f"patching_bench: torchlog {provenance()['commit']}, {cpu_model()}, 1 thread, "
                      f"{args.rounds} rounds, median process CPU time")
     else:
         lines.append(f"patching_bench: torchlog {provenance()['commit']}, {torch.cuda.get_device_name()} "
                      f"(torch {torch.__version__}), {args.rounds} rounds, median wall time to synchronize")
-    lines.append(f"GPT-2 (6 layers, hidden 256, 16 tokens), 6 blocks x 16 positions; sweep vs hook loop max |metric diff| {worst:.2e}")
+    lines.append(f"GPT-2 (6 layers, hidden 256, 16 tokens), 6 blocks x 16 positions; sweeps vs hook loops max |metric diff| "
+                 f"{worst:.2e}; patches not run (they write the values already there): {not_run} of "
+                 f"{len(setup.targets) * len(positions)}")
     for name, value in medians.items():
-        lines.append(f"  {name:<48} {value * 1e3:9.1f} ms   x{value / loop:.3f} of the hook loop   "
+        lines.append(f"  {name:<52} {value * 1e3:9.1f} ms   x{value / loop:.3f} of the hook loop   "
                      f"{value / base:7.1f} forwards")
-    lines.append(f"  attribution without set-up: {(medians['attribution'] - setup) / base:.1f} forward-equivalents")
+    attribution_setup = medians["attribution set-up (1 logged pass)"]
+    lines.append(f"  attribution without set-up: {(medians['attribution'] - attribution_setup) / base:.1f} "
+                 "forward-equivalents")
+    lines.append(f"  six forwards on 16 rows (batch_size=16 computing the whole model each time): "
+                 f"x{6 * medians['plain forward on 16 rows'] / loop:.3f} of the hook loop")
     if args.device == "cpu":
         lines += _fixed_cost(args.rounds)
     text = "\n".join(lines)

@@ -237,11 +237,12 @@ def test_a_metric_that_raises_midway_leaves_the_model_untouched(gpt2, unbatched,
     model, clean, corrupted = gpt2
     before = take(model)
     sites = [RESIDUAL_ADDS, BLOCKS]  # the lean capture's path and forward hooks, both in use
-    # Calls 1 and 2 measure the unpatched runs; a sweep's 3rd and 4th are patched runs and
-    # its 5th raises; attribution's 3rd is its one run, with every site's edit in place.
+    # A sweep's calls 1 and 2 measure the unpatched runs, its 3rd and 4th are patched runs
+    # and its 5th raises; attribution's 1st measures the clean run and its 2nd, which
+    # raises, is its one corrupted run, with every site's edit in place.
     with pytest.raises(RuntimeError, match="metric failed midway"):
         if how == "attribution":
-            attribution(model, clean, corrupted, sites, _failing_metric(2), input_kwargs=KWARGS)
+            attribution(model, clean, corrupted, sites, _failing_metric(1), input_kwargs=KWARGS)
         else:
             sweep(model, clean, corrupted, sites, _failing_metric(4), positions=[CHANGED],
                   batch_size=2 if how == "batched sweep" else None, input_kwargs=KWARGS, progress=False)

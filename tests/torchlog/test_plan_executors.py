@@ -19,7 +19,7 @@ from torchlog.history import all_passes
 from torchlog.interventions import add, replace_with, scale, zero_ablate
 from torchlog.model_state import model_kept
 from torchlog.patching.runs import Edit, run_patched
-from torchlog.patching.site_sweep import find_targets
+from torchlog.patching.sweep_setup import find_targets
 from torchlog.selection import call_positions
 
 ACTIONS = {

@@ -20,7 +20,8 @@ from torchlog.errors import InvalidOptionError
 from torchlog.model_state import model_kept
 from torchlog.patching.result import PatchResult, PatchRow
 from torchlog.patching.runs import Edit, run_patched
-from torchlog.patching.site_sweep import _check_positions, module_of, number, prepare_sweep
+from torchlog.patching.site_sweep import module_of
+from torchlog.patching.sweep_setup import check_corrupted, check_positions, number, prepare_sweep
 
 __all__ = ["attribution"]
 
@@ -47,12 +48,14 @@ def attribution(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric
         >>> [round(row.effect, 5) for row in est]
         [1.0, 1.0]
     """
-    setup = prepare_sweep(model, clean, corrupted, sites, metric, input_kwargs)
-    _check_positions(setup, positions, position_dim)
+    # The corrupted run is the gradient's run itself: it counts its calls for the check.
+    setup = prepare_sweep(model, clean, corrupted, sites, metric, input_kwargs, run_corrupted=False)
+    check_positions(setup, positions, position_dim)
     kept: dict[str, torch.Tensor] = {}
 
     def joiner(label: str) -> Callable[[torch.Tensor], torch.Tensor]:
         def join(value: torch.Tensor) -> torch.Tensor:
+            kept[label] = value
             if not (value.is_floating_point() or value.is_complex()):
                 return value  # no gradient reaches an integer value: its estimate is 0
             zero = torch.zeros((), dtype=value.dtype, device=value.device, requires_grad=True)
@@ -62,8 +65,10 @@ def attribution(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric
         return join
 
     edits = [Edit(target, joiner(target.record.label)) for target in setup.targets]
+    calls: list = []
     with torch.enable_grad(), model_kept(list(model.named_modules())):
-        output = run_patched(model, setup.corrupted, setup.kwargs, edits, setup.named)
+        output = run_patched(model, setup.corrupted, setup.kwargs, edits, setup.named, calls=calls)
+        check_corrupted(setup, calls, {label: tuple(value.shape) for label, value in kept.items()})
         value = metric(output)
         if not isinstance(value, torch.Tensor) or not value.requires_grad:
             number(value, "metric(output)")  # not a number at all: named as such
@@ -71,7 +76,8 @@ def attribution(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric
                 f"attribution needs a metric that is a differentiable tensor of the output, got "
                 f"{value!r:.80}; compute it with torch ops from the output's floating-point values "
                 "(e.g. a logit difference)")
-        labels = list(kept)
+        setup.corrupted_metric = number(value, "metric(corrupted output)")
+        labels = [label for label, joined in kept.items() if joined.requires_grad]
         grads = torch.autograd.grad(value.reshape(()), [kept[label] for label in labels], allow_unused=True)
     gradient = dict(zip(labels, grads))
     rows: list[PatchRow] = []
@@ -79,13 +85,13 @@ def attribution(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric
     for target in setup.targets:
         label = target.record.label
         grad = gradient.get(label)
-        delta = setup.clean_values[label].to(kept[label].dtype) - kept[label].detach() if label in kept else None
+        sums: Any = None  # the estimate of the whole value, or per position: one sum per position
+        if grad is not None:
+            product = (setup.clean_values[label].to(kept[label].dtype) - kept[label].detach()) * grad
+            sums = float(product.sum()) if positions is None else product.sum(
+                [d for d in range(product.dim()) if d != position_dim]).tolist()
         for position in positions if positions is not None else [None]:
-            if grad is None or delta is None:
-                estimate = 0.0
-            else:
-                index = (slice(None),) * position_dim + (position,) if position is not None else ...
-                estimate = float((delta[index] * grad[index]).sum())
+            estimate = 0.0 if sums is None else sums if position is None else sums[position]
             metric_estimate = setup.corrupted_metric + estimate
             effect = estimate / gap if gap != 0 else math.nan
             rows.append(PatchRow(target.site, label, module_of(target.record), position, metric_estimate, effect))

@@ -7,6 +7,7 @@ which counts ops as capture numbers them and replaces the output of the chosen c
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from torchlog.capture.lean import run_lean
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.plan import Act, Firing, OpPlan, substitute
 from torchlog.errors import InterventionError
+from torchlog.patching.prefix import Prefix
 from torchlog.records import PassRecord
 
 __all__ = ["Edit", "Target", "run_patched"]
@@ -42,8 +44,13 @@ class Edit:
 
 
 def run_patched(model: nn.Module, args: tuple, kwargs: dict, edits: Sequence[Edit],
-                named_modules: dict[str, nn.Module]) -> Any:
+                named_modules: dict[str, nn.Module], prefix: Prefix | None = None,
+                calls: list | None = None) -> Any:
     """Run `model(*args, **kwargs)` with every edit applied; return its output.
+
+    With `prefix`, the calls before the first edit fires are served from the record of an
+    earlier run of the same inputs (or recorded, in the first run): `prefix.py`. With
+    `calls`, the run goes through the lean capture and appends its calls (`LeanPass.calls`).
 
     Raises:
         InterventionError: an edited pass was not reached (the run called a module fewer
@@ -62,13 +69,8 @@ def run_patched(model: nn.Module, args: tuple, kwargs: dict, edits: Sequence[Edi
     handles = [named_modules[address].register_forward_hook(_hook(calls, reached))
                for address, calls in by_module.items()]
     try:
-        if by_call:
-            plan = OpPlan(at_calls={position: (edits[0].target.record.op_index, edits[0].target.record.label,
-                                               (Act(0, edits[0].target.site, _lean_action(edits, reached)),))
-                                    for position, edits in by_call.items()})
-            output = run_lean(model, args, kwargs, {}, plan=plan).output
-        else:
-            output = model(*args, **kwargs)
+        with prefix.serving(reached) if prefix is not None else contextlib.nullcontext():
+            output = _run(model, args, kwargs, by_call, reached, calls)
     finally:
         for handle in handles:
             handle.remove()
@@ -79,6 +81,21 @@ def run_patched(model: nn.Module, args: tuple, kwargs: dict, edits: Sequence[Edi
             f"the patched run never reached pass {record.label!r} (site {missing[0].target.site!r}): "
             "the corrupted input ran other ops or module calls than the clean one there")
     return output
+
+
+def _run(model: nn.Module, args: tuple, kwargs: dict, by_call: dict[tuple[int, int], list[Edit]],
+         reached: set[int], calls: list | None) -> Any:
+    """The forward: plain (module hooks do the edits) or lean, editing the calls `by_call`
+    names and appending its calls to `calls`."""
+    if not by_call and calls is None:
+        return model(*args, **kwargs)
+    plan = OpPlan(at_calls={position: (edits[0].target.record.op_index, edits[0].target.record.label,
+                                       (Act(0, edits[0].target.site, _lean_action(edits, reached)),))
+                            for position, edits in by_call.items()})
+    lean = run_lean(model, args, kwargs, {}, plan=plan)
+    if calls is not None:
+        calls.extend(lean.calls)
+    return lean.output
 
 
 def _hook(calls: dict[int, list[Edit]], reached: set[int]) -> Callable:
@@ -93,10 +110,12 @@ def _hook(calls: dict[int, list[Edit]], reached: set[int]) -> Callable:
         if not tensors:
             return None
         old = new = tensors[0][0]
-        with torch._C.DisableTorchFunction():  # under the lean capture, a patch's ops are not the model's
+        # Reached first: from here on a prefix serves nothing. Under the lean capture or a
+        # prefix, a patch's ops are not the model's.
+        reached.update(id(edit) for edit in edits)
+        with torch._C.DisableTorchFunction():
             for edit in edits:
                 new = edit.fn(new)
-                reached.add(id(edit))
         return substitute(output, old, new)
 
     return patch
@@ -109,9 +128,10 @@ def _lean_action(edits: list[Edit], reached: set[int]) -> Callable[[torch.Tensor
             raise InterventionError(
                 f"the patched run's call at {record.label!r}'s position is {firing.func_name!r}, not "
                 f"{record.func_name!r}: the run's ops differ from the clean run's before it")
-        for edit in edits:
-            value = edit.fn(value)
-            reached.add(id(edit))
+        reached.update(id(edit) for edit in edits)
+        with torch._C.DisableTorchFunction():
+            for edit in edits:
+                value = edit.fn(value)
         return value
 
     return act

@@ -1,13 +1,15 @@
 """Activation patching sweeps: the clean value of each site (and position) patched into the corrupted run.
 
-The clean input is logged once without values to find the sites' passes (the same
-resolution as `layers_to_save` and `intervene`), once more saving only those passes; the
-corrupted input is logged once without values to check that it runs the same ops up to
-each site. Each patched run is then a plain forward with hooks on the modules whose
-outputs are patched, or the lean capture for other ops (`runs.py`); with `batch_size`,
-that many patched runs share one forward over the corrupted input repeated along the batch
-dimension, row block `i` patching site `i` (the model must treat batch rows independently,
-as in eval mode).
+The clean input is logged once (the same resolution of sites as `layers_to_save` and
+`intervene`), which gives the sites' passes, their clean values and the clean output; the
+corrupted input runs once through the lean capture, to check that it runs the same ops up
+to each site and to measure its metric. Each patched run is then a plain forward with hooks
+on the modules whose outputs are patched, or the lean capture for other ops (`runs.py`);
+with `batch_size`, that many patched runs share one forward over the corrupted input
+repeated along the batch dimension, row block `i` patching site `i` (the model must treat
+batch rows independently, as in eval mode). The calls upstream of a run's first patch are
+served from an earlier run's record instead of recomputed (`prefix.py`), and a patch that
+writes the values the corrupted run already has there is not run at all.
 """
 from __future__ import annotations
 
@@ -15,46 +17,23 @@ import difflib
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from torchlog.api import log_forward_pass
-from torchlog.arguments import positional_args
 from torchlog.capture.lean import call_names, run_lean
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.plan import substitute
-from torchlog.errors import InterventionError, InvalidArgumentTypeError, InvalidOptionError
-from torchlog.history import ModelHistory, all_passes
+from torchlog.errors import InterventionError, InvalidOptionError
 from torchlog.model_state import model_kept
+from torchlog.patching.prefix import Prefix
 from torchlog.patching.result import PatchResult, PatchRow
 from torchlog.patching.runs import Edit, Target, run_patched
-from torchlog.records import NodeKind
-from torchlog.select import Selector
-from torchlog.selection import call_positions, resolve
+from torchlog.patching.sweep_setup import Setup, check_positions, number, prepare_sweep
 
-__all__ = ["sweep", "find_targets", "module_of", "Setup"]
-
-
-@dataclass
-class Setup:
-    """What every patched run of one sweep shares: inputs, targets with clean values, baselines."""
-
-    model: nn.Module
-    clean: tuple  # positional args
-    corrupted: tuple
-    kwargs: dict
-    targets: list[Target]
-    clean_values: dict[str, torch.Tensor]  # pass label -> clean value
-    clean_metric: float
-    corrupted_metric: float
-    history: ModelHistory  # the clean run, metadata only
-    named: dict[str, nn.Module]
-    corrupted_output: Any = None  # what forward returned for the corrupted input
-    calls: list = field(default_factory=list)  # the clean run's op names, one per call
-    batched_calls: dict = field(default_factory=dict)  # rows -> {unbatched call: batched call}
+__all__ = ["sweep", "module_of"]
 
 
 def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Callable[[Any], Any], *,
@@ -83,6 +62,12 @@ def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Call
             replayed values). Replay equals a rerun where control flow does not depend on
             values.
 
+    A rerun computes only what depends on its patch, where the model draws no random
+    numbers: the calls before a run's first patch are served from an earlier run of the
+    same inputs (up to 1 GiB of their values is kept for the sweep), and a patch whose
+    clean values equal the corrupted run's there (every position before the changed token
+    of a causal model) is not run: its row is the corrupted run's.
+
     Returns:
         A PatchResult, one row per site pass (and position), effect 0 = corrupted, 1 = clean.
 
@@ -104,66 +89,62 @@ def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Call
         raise InvalidOptionError(f"engine must be 'rerun' or 'replay', got {engine!r}")
     if engine == "replay" and batch_size is not None:
         raise InvalidOptionError("engine='replay' recomputes one patch at a time; leave batch_size=None")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise InvalidOptionError(f"batch_size must be None or an int >= 1, got {batch_size!r}")
     setup = prepare_sweep(model, clean, corrupted, sites, metric, input_kwargs)
     patches = [(target, position) for target in setup.targets
                for position in (positions if positions is not None else [None])]
-    _check_positions(setup, positions, position_dim)
+    check_positions(setup, positions, position_dim)
     if engine == "replay":
         return _replayed_sweep(setup, patches, position_dim, metric, progress)
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise InvalidOptionError(f"batch_size must be None or an int >= 1, got {batch_size!r}")
-    rows: list[PatchRow] = []
-    chunk = batch_size or 1
-    bar = _Progress(len(patches), progress)
-    with torch.no_grad(), model_kept(list(model.named_modules())):
-        for start in range(0, len(patches), chunk):
-            group = patches[start:start + chunk]
-            values = _run_group(setup, group, position_dim, metric, batched=batch_size is not None)
-            for (target, position), value in zip(group, values):
-                rows.append(_row(setup, target, position, value))
-            bar.update(len(group))
-    bar.close()
+    values = _rerun(setup, patches, position_dim, metric, batch_size, progress)
+    rows = [_row(setup, target, position, value) for (target, position), value in zip(patches, values)]
     return PatchResult(rows, setup.clean_metric, setup.corrupted_metric, "sweep", setup.history)
 
 
-def prepare_sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any,
-                  metric: Callable[[Any], Any], input_kwargs: dict | None) -> Setup:
-    """Resolve the sites on the clean run, save their clean values, check the corrupted run's
-    ops, and measure both runs' metric."""
-    if not isinstance(model, nn.Module):
-        raise InvalidArgumentTypeError(f"model must be a torch.nn.Module, got {model!r}")
-    if not callable(metric):
-        raise InvalidArgumentTypeError(f"metric must be callable (output -> number), got {metric!r}")
-    kwargs = dict(input_kwargs or {})
-    site_list = list(sites) if isinstance(sites, (list, tuple)) else [sites]
-    if not site_list:
-        raise InvalidOptionError("sites is empty; give a site or a list of sites")
-    probe = log_forward_pass(model, clean, kwargs, layers_to_save=None, random_seed=0)
-    targets = find_targets(probe, site_list)
-    clean_args, corrupted_args = positional_args(model, clean), positional_args(model, corrupted)
-    # The clean values and both metrics from two lean passes (not logged passes): a lean
-    # pass counts calls as capture numbers them and copies the chosen outputs.
-    wanted: dict[int, tuple[int, ...]] = {}
-    for target in targets:
-        call, index = target.call
-        wanted[call] = wanted.get(call, ()) + (index,)
-    named = list(model.named_modules())
-    with torch.no_grad(), model_kept(named):
-        clean_pass = run_lean(model, clean_args, kwargs, wanted)
-        corrupted_pass = run_lean(model, corrupted_args, kwargs, wanted)
-    clean_values = {t.record.label: clean_pass.saved[t.call] for t in targets}
-    calls = [c for c in call_names(clean_pass.calls) if not isinstance(c, int)]
-    _check_same_calls(probe, call_names(clean_pass.calls), call_names(corrupted_pass.calls), targets)
-    for target in targets:
-        want, got = tuple(clean_values[target.record.label].shape), tuple(corrupted_pass.saved[target.call].shape)
-        if want != got:
-            raise InterventionError(
-                f"site {target.site!r}'s pass {target.record.label!r} has shape {want} in the clean run and "
-                f"{got} in the corrupted one; patching needs inputs whose runs have the same shapes there")
-    clean_metric = number(metric(clean_pass.output), "metric(clean output)")
-    corrupted_metric = number(metric(corrupted_pass.output), "metric(corrupted output)")
-    return Setup(model, clean_args, corrupted_args, kwargs, targets, clean_values, clean_metric,
-                 corrupted_metric, probe, dict(named), corrupted_pass.output, calls)
+def _rerun(setup: Setup, patches: list, position_dim: int, metric: Callable, batch_size: int | None,
+           progress: bool | None) -> list[float]:
+    """The metric of each patch, from patched reruns: `batch_size` patches per forward.
+
+    A patch that writes the values already there is the corrupted run itself, and is not
+    run. The runs go latest site first: the first one's record of the calls upstream of
+    its patch then covers those of every later run (prefix.py).
+    """
+    values = [setup.corrupted_metric] * len(patches)
+    chunk = batch_size or 1
+    groups = [[i for i in range(start, min(start + chunk, len(patches)))
+               if not _writes_nothing(setup, *patches[i], position_dim)]
+              for start in range(0, len(patches), chunk)]
+    groups = [group for group in groups if group]
+    groups.sort(key=lambda group: -min(patches[i][0].call[0] for i in group))
+    bar = _Progress(len(patches), progress)
+    bar.update(len(patches) - sum(len(group) for group in groups))
+    with torch.no_grad(), model_kept(list(setup.model.named_modules())):
+        for group in groups:
+            found = _run_group(setup, [patches[i] for i in group], position_dim, metric, batched=batch_size is not None)
+            for i, value in zip(group, found):
+                values[i] = value
+            bar.update(len(group))
+    bar.close()
+    return values
+
+
+def _writes_nothing(setup: Setup, target: Target, position: int | None, position_dim: int) -> bool:
+    """Whether patching `target` (at `position`) writes the very values the corrupted run
+    has there (same dtype, bits and signs): in a model that draws no random numbers, that
+    patched run is the corrupted run. Before the changed token of a causal model, every
+    position is such a patch."""
+    corrupted = setup.corrupted_values.get(target.record.label)
+    if corrupted is None or not setup.is_deterministic:
+        return False
+    clean = setup.clean_values[target.record.label]
+    if clean.dtype != corrupted.dtype or clean.shape != corrupted.shape:
+        return False
+    index = (slice(None),) * position_dim + (position,) if position is not None else ...
+    clean, corrupted = clean[index], corrupted[index]
+    if not torch.equal(clean, corrupted):
+        return False
+    return not clean.is_floating_point() or torch.equal(torch.signbit(clean), torch.signbit(corrupted))
 
 
 def _replayed_sweep(setup: Setup, patches: list, position_dim: int, metric: Callable,
@@ -190,97 +171,24 @@ def _replayed_sweep(setup: Setup, patches: list, position_dim: int, metric: Call
     return PatchResult(rows, setup.clean_metric, setup.corrupted_metric, "sweep", setup.history)
 
 
-def find_targets(history: ModelHistory, sites: list) -> list[Target]:
-    """The passes the sites name, in site order then execution order, each once.
-
-    Raises:
-        InterventionError: a site matches nothing, or names a pass no op made (an input).
-    """
-    passes = all_passes(history)
-    positions = call_positions(passes)
-    found: list[Target] = []
-    seen: set[int] = set()
-    for site in sites:
-        if not isinstance(site, (str, int, Selector)) or isinstance(site, bool):
-            raise InvalidArgumentTypeError(
-                f"site {site!r} of type {type(site).__name__} is not accepted; a site is a label, a "
-                "module address, an int position or a torchlog.select selector")
-        try:
-            indexes = resolve(history, [site])
-        except Exception:
-            indexes = set()
-        if not indexes:
-            raise InterventionError(f"site {site!r} matches no pass of the clean run")
-        for index in sorted(indexes):
-            record = passes[index]
-            if record.kind == NodeKind.OUTPUT:
-                record = history[record.parents[0].label]
-            if record.kind not in (NodeKind.OP, NodeKind.CREATED) or record.op_index not in positions:
-                raise InterventionError(
-                    f"site {site!r} names pass {record.label!r}, a {record.kind.value} tensor no op "
-                    "made; patch the op that uses it, or the input itself")
-            if record.op_index in seen:
-                continue
-            seen.add(record.op_index)
-            found.append(Target(site, record, _module_call(history, record), positions[record.op_index]))
-    return found
-
-
-def _module_call(history: ModelHistory, record: Any) -> tuple[str, int] | None:
-    """The innermost module call whose first returned tensor is this pass, if any."""
-    for text in record.output_of_modules:
-        address, _, call = text.rpartition(":")
-        module = history.modules.get(address)
-        if module is not None and module.call_outputs[int(call) - 1][:1] == (record.label,):
-            return address, int(call)
-    return None
-
-
-def _check_same_calls(probe: ModelHistory, clean: list, corrupted: list, targets: list[Target]) -> None:
-    """Refuse when the corrupted input runs other ops than the clean one before a site."""
-    last = max(t.call[0] for t in targets)
-    # A call list holds a name per call and, after a multi-output call, its count.
-    names_clean = [c for c in clean if not isinstance(c, int)]
-    names_corrupted = [c for c in corrupted if not isinstance(c, int)]
-    for k in range(last):
-        if k >= len(names_corrupted) or names_clean[k] != names_corrupted[k]:
-            site = next(t.site for t in targets if t.call[0] > k)
-            got = repr(names_corrupted[k]) if k < len(names_corrupted) else "nothing"
-            raise InterventionError(
-                f"the corrupted input runs other ops than the clean one before site {site!r}: call "
-                f"{k + 1} is {names_clean[k]!r} in the clean run and {got} in the corrupted one; "
-                "patching needs the same ops up to each site")
-
-
-def _check_positions(setup: Setup, positions: Sequence[int] | None, position_dim: int) -> None:
-    if positions is None:
-        return
-    for target in setup.targets:
-        shape = tuple(target.record.tensor_meta.shape)
-        if position_dim >= len(shape):
-            raise InvalidOptionError(
-                f"position_dim={position_dim} but site {target.site!r}'s pass {target.record.label!r} "
-                f"has shape {shape}; give the dimension of positions")
-        for position in positions:
-            if isinstance(position, bool) or not isinstance(position, int) or not -shape[position_dim] <= position < shape[position_dim]:
-                raise InvalidOptionError(
-                    f"position {position!r} is out of range for site {target.site!r}'s pass "
-                    f"{target.record.label!r} of shape {shape} along dimension {position_dim}")
-
-
 def _run_group(setup: Setup, group: list, position_dim: int, metric: Callable, batched: bool) -> list[float]:
     """Metric values of the patched runs of `group`, one forward (batched) or one each."""
+    lean = any(t.module_call is None for t, _ in group)  # runs with the lean capture make other calls
     if not batched:
+        prefix = setup.prefixes.setdefault((None, lean), Prefix())
         return [number(metric(run_patched(setup.model, setup.corrupted, setup.kwargs,
                                           [Edit(t, _patch_fn(setup.clean_values[t.record.label], p, position_dim, None))],
-                                          setup.named)), "metric(output)") for t, p in group]
+                                          setup.named, prefix)), "metric(output)") for t, p in group]
     size = _batch_of(setup.corrupted)
-    args = _repeat(setup.corrupted, len(group), size)
-    moved = _batched_calls(setup, args, len(group))
+    args = setup.batched_args.get(len(group))
+    if args is None:  # the same objects for every batch: a prefix serves calls on the same arguments
+        args = setup.batched_args[len(group)] = _repeat(setup.corrupted, len(group), size)
+    moved = _batched_calls(setup, args, len(group)) if lean else {}
     edits = [Edit(_moved(t, moved), _patch_fn(setup.clean_values[t.record.label], p, position_dim,
                                               (i * size, (i + 1) * size)))
              for i, (t, p) in enumerate(group)]
-    output = run_patched(setup.model, args, setup.kwargs, edits, setup.named)
+    prefix = setup.prefixes.setdefault((len(group), lean), Prefix())
+    output = run_patched(setup.model, args, setup.kwargs, edits, setup.named, prefix)
     return [number(metric(_rows(output, i * size, (i + 1) * size, len(group) * size)), "metric(output)")
             for i in range(len(group))]
 
@@ -379,21 +287,6 @@ def _rows(output: Any, start: int, stop: int, total: int) -> Any:
         except TypeError:
             return cut
     return output
-
-
-def number(value: Any, what: str) -> float:
-    """A metric's value as a float.
-
-    Raises:
-        InvalidArgumentTypeError: not a number nor a one-element tensor.
-    """
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.detach())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise InvalidArgumentTypeError(
-        f"{what} gave {value!r:.80} of type {type(value).__name__}; a metric must return a number "
-        "(a float or a one-element tensor), e.g. lambda out: out.logits[0, -1, 5] - out.logits[0, -1, 7]")
 
 
 def _row(setup: Setup, target: Target, position: int | None, value: float) -> PatchRow:
