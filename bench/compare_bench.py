@@ -7,8 +7,11 @@ tokens (about 1,000 passes; `--quick`: 2 layers, 32 tokens). Run a is the model 
 run b a copy with one weight of block 6's MLP moved by 1e-3 (block 1 with --quick). Each
 round times, on one thread with the process's CPU clock, one after the other:
 
+- `plain`, `plain bf16`: the model's forward, not logged (grad mode on, as in a logged pass),
+  in float32 and under CPU `torch.autocast(dtype=torch.bfloat16)`: what running the ops
+  costs, the least re-running them for local errors can cost;
 - `log`: `log_forward_pass(model, ids)`, every activation saved;
-- `log bf16`: the same under CPU `torch.autocast(dtype=torch.bfloat16)`;
+- `log bf16`: the same under autocast;
 - `compare`: `compare(a, b)` with b logged without function arguments (no local errors);
 - `compare+local`: `compare(a, b)` with b logged with `save_function_args=True`, so b's ops
   are re-run on a's values for their local error;
@@ -63,10 +66,13 @@ def _runs(layers: int, tokens: int) -> tuple[torch.nn.Module, torch.Tensor, torc
 def measure(layers: int, tokens: int, rounds: int) -> dict[str, Any]:
     """Median seconds of each step over `rounds`, and what the comparisons found."""
     model, ids, changed = _runs(layers, tokens)
-    steps = ("log", "log bf16", "compare", "compare+local", "bf16", "bf16+local")
+    steps = ("plain", "plain bf16", "log", "log bf16", "compare", "compare+local", "bf16", "bf16+local")
     times: dict[str, list[float]] = {name: [] for name in steps}
     found: dict[str, Any] = {}
     for _ in range(rounds):
+        times["plain"].append(_timed(lambda: model(ids))[0])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            times["plain bf16"].append(_timed(lambda: model(ids))[0])
         elapsed, a = _timed(lambda: torchlog.log_forward_pass(model, ids))
         times["log"].append(elapsed)
         others = {"compare": torchlog.log_forward_pass(changed, ids),
@@ -103,11 +109,13 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(f"compare without local errors: {med['compare']:.3f} s = "
                  f"{med['compare'] / BUDGET_S:.2f} of the {BUDGET_S:.0f} s budget")
     low = {name: min(values) for name, values in result["all_s"].items()}
-    for local, plain, log in (("compare+local", "compare", "log"), ("bf16+local", "bf16", "log bf16")):
+    for local, plain, log, ops in (("compare+local", "compare", "log", "plain"),
+                                   ("bf16+local", "bf16", "log bf16", "plain bf16")):
         extra, least = med[local] - med[plain], low[local] - low[plain]
         lines.append(f"{local}: local errors add {extra:.3f} s = {extra / med[log]:.2f} of one "
                      f"logged forward pass of run b ({log}: {med[log]:.3f} s; budget 1.00); "
-                     f"from the fastest rounds {least / low[log]:.2f}")
+                     f"from the fastest rounds {least / low[log]:.2f}; b's ops alone ({ops}, "
+                     f"not logged) take {med[ops] / med[log]:.2f} of it ({low[ops] / low[log]:.2f})")
     return "\n".join(lines)
 
 

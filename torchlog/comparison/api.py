@@ -108,12 +108,12 @@ def _rows(pairs: list[Pair], runs: tuple[ModelHistory, ModelHistory],
         tolerance = _tolerance(x, y, precision[0][x.label], precision[1][y.label], given)
         drawn = (x.label in drew[0] or y.label in drew[1]) and all(
             status_of.get(label, Status.MATCH) == Status.MATCH for label in x.parent_labels)
-        status, diff, value_a = judge(x, y, tolerance, drawn)
-        held.keep(x, value_a)
+        status, diff, reference = judge(x, y, tolerance, drawn)
+        held.keep(x, None if reference is None else reference.value)
         if diff == SAME:
             local.note_exact(y)
-        error = local.of(x, y, value_a, held, diff) if status in _COMPARED else None
-        del value_a  # the pair's values go before the next pair's are read
+        error = local.of(x, y, reference, held, diff) if status in _COMPARED else None
+        del reference  # the pair's values go before the next pair's are read
         status_of[x.label] = status
         rows.append(Row(index, x.label, y.label, x.func_name, x.module, x.call_site, y.call_site,
                         x.shape, y.shape, x.dtype, y.dtype, status, tolerance, diff, error))

@@ -8,7 +8,7 @@ import torch
 
 from torchlog.comparison.tolerances import Tolerance
 
-__all__ = ["Difference", "difference", "SAME"]
+__all__ = ["Difference", "Reference", "difference", "SAME"]
 
 
 class Difference(NamedTuple):
@@ -46,16 +46,41 @@ def difference(a: torch.Tensor, b: torch.Tensor) -> Difference:
     Raises:
         ValueError: the shapes differ.
     """
-    if a.shape != b.shape:
-        raise ValueError(f"values of shape {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
-    a, b = a.detach(), b.detach().to(a.device)
-    # torch.equal stops at the first unequal element: cheap for values that differ.
-    if a.numel() == 0 or (a.dtype == b.dtype and torch.equal(a, b)):  # NaN never equals NaN here
-        return SAME
-    work = _working_dtype(a.dtype, b.dtype)
-    x, y = a.to(work), b.to(work)  # any layout: no reduction below needs a flat copy
-    found = _figures(x, y)
-    return found if found is not None else _nonfinite_figures(x, y)
+    return Reference(a).difference(b)
+
+
+class Reference:
+    """A value of run a, compared with several values: its partner's in run b, then b's op
+    re-run for the local error. Its conversion to the working dtype, its largest size and
+    its norm are worked out once, for the first value compared with it.
+    """
+
+    __slots__ = ("value", "_work", "_figures")
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value.detach()
+        self._work: tuple[torch.dtype, torch.Tensor] | None = None
+        self._figures: tuple[float, float] | None = None  # (max |a|, ||a||) in that dtype
+
+    def difference(self, b: torch.Tensor) -> Difference:
+        """How `b` differs from this value (see `difference`).
+
+        Raises:
+            ValueError: the shapes differ.
+        """
+        a = self.value
+        if a.shape != b.shape:
+            raise ValueError(f"values of shape {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
+        b = b.detach().to(a.device)
+        # torch.equal stops at the first unequal element: cheap for values that differ.
+        if a.numel() == 0 or (a.dtype == b.dtype and torch.equal(a, b)):  # NaN never equals NaN
+            return SAME
+        work = _working_dtype(a.dtype, b.dtype)
+        if self._work is None or self._work[0] != work:
+            self._work, self._figures = (work, a.to(work)), None  # any layout: no flat copy needed
+        x, y = self._work[1], b.to(work)
+        found, self._figures = _figures(x, y, self._figures)
+        return found if found is not None else _nonfinite_figures(x, y)
 
 
 def _working_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
@@ -68,31 +93,39 @@ def _working_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
     return torch.float64 if wide else torch.float32
 
 
-def _figures(x: torch.Tensor, y: torch.Tensor) -> Difference | None:
-    """The figures of two tensors; None when a NaN or Inf made them meaningless.
+def _figures(x: torch.Tensor, y: torch.Tensor, known: tuple[float, float] | None
+             ) -> tuple[Difference | None, tuple[float, float] | None]:
+    """The figures of two tensors (None when a NaN or Inf made them meaningless), and
+    `x`'s largest size and norm, worked out unless `known` gives them.
 
-    Five reductions, read back at once (one device sync): min and max of the difference
-    and of `x` (aminmax is several times faster than an inf-norm on CPU), and three L2
-    norms; the dot product comes from them, as ||a - b||^2 = ||a||^2 + ||b||^2 - 2 <a, b>.
+    The reductions are read back at once (one device sync): the extremes of the
+    difference and of `x` (aminmax is several times faster than an inf-norm on CPU) and
+    the L2 norms; the dot product comes from them, as ||a - b||^2 = ||a||^2 + ||b||^2 - 2 <a, b>.
     """
     diff = x - y
-    if diff.is_complex():
-        diff, size = diff.abs(), x.abs()
-        low, high = torch.zeros((), dtype=diff.dtype), diff.max()
-        low_a, high_a = torch.zeros((), dtype=size.dtype), size.max()
-    else:
-        (low, high), (low_a, high_a) = torch.aminmax(diff), torch.aminmax(x)
-    norms = [torch.linalg.vector_norm(t).to(low.dtype) for t in (diff, x, y)]
-    low, high, low_a, high_a, norm_diff, norm_a, norm_b = \
-        torch.stack([low, high, low_a, high_a, *norms]).double().tolist()
-    max_abs, scale = max(-low, high), max(-low_a, high_a)
+    parts = [*_extremes(diff), torch.linalg.vector_norm(diff), torch.linalg.vector_norm(y)]
+    if known is None:
+        parts += [*_extremes(x), torch.linalg.vector_norm(x)]
+    read = torch.stack(parts).tolist()  # one real dtype: float32 or float64, read exactly
+    low, high, norm_diff, norm_b = read[:4]
+    if known is None:
+        known = (max(-read[4], read[5]), read[6])
+    max_abs, (scale, norm_a) = max(-low, high), known
     if not all(math.isfinite(v) for v in (max_abs, scale, norm_diff, norm_a, norm_b)):
-        return None
+        return None, known
     if max_abs == 0.0:  # equal values (-0.0 and 0.0, or of two dtypes): cosine exactly 1
-        return SAME
+        return SAME, known
     dot = (norm_a * norm_a + norm_b * norm_b - norm_diff * norm_diff) / 2
     return Difference(max_abs, _ratio(max_abs, scale), _ratio(norm_diff, norm_a),
-                      _cosine(dot, norm_a, norm_b))
+                      _cosine(dot, norm_a, norm_b)), known
+
+
+def _extremes(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The least and greatest of a real tensor; 0 and the largest modulus of a complex one."""
+    if not t.is_complex():
+        return torch.aminmax(t)
+    size = t.abs()
+    return torch.zeros((), dtype=size.dtype, device=size.device), size.max()
 
 
 def _nonfinite_figures(x: torch.Tensor, y: torch.Tensor) -> Difference:
@@ -106,7 +139,7 @@ def _nonfinite_figures(x: torch.Tensor, y: torch.Tensor) -> Difference:
     keep = finite_x & finite_y
     if not bool(keep.any()):
         return SAME
-    found = _figures(x[keep], y[keep])
+    found, _ = _figures(x[keep], y[keep], None)
     return found if found is not None else _APART  # finite values whose difference overflows
 
 

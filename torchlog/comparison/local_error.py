@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from torchlog.comparison.align import Pair
-from torchlog.comparison.difference import Difference, difference
+from torchlog.comparison.difference import Difference, Reference
 from torchlog.comparison.held_values import HeldValues
 from torchlog.records import PassRecord
 from torchlog.replay.rerun import rerun
@@ -83,16 +83,17 @@ class LocalErrors:
             found += inner
         return found
 
-    def of(self, a: PassRecord, b: PassRecord, value_a: Any, held: HeldValues,
+    def of(self, a: PassRecord, b: PassRecord, reference: Reference | None, held: HeldValues,
            diff: Difference | None) -> Difference | None:
-        """The local error of the pair (a, b): b's op on a's parents against `value_a`.
+        """The local error of the pair (a, b): b's op on a's parents against a's value
+        (`reference`, which the pair's difference was taken from).
 
         When every parent of b's op holds exactly its partner's value, the re-run would
         give b's own value back, so the local error is `diff` (the pair's difference) and
         nothing is re-run. None when b kept no function arguments, a value it needs was
         not saved, or the re-run raised (then noted in `failures`) or gave another shape.
         """
-        if not (can_rerun(b) and isinstance(value_a, torch.Tensor)) or self._sources(b, 0) is None:
+        if reference is None or not can_rerun(b) or self._sources(b, 0) is None:
             return None
         if diff is not None and all(label in self._exact for label in b.parent_labels):
             return diff
@@ -103,11 +104,11 @@ class LocalErrors:
         except Exception as exc:  # the op refused a's values: say which and why, go on
             self.failures[a.label] = f"{type(exc).__name__}: {exc}"
             return None
-        if value.shape != value_a.shape:
+        if value.shape != reference.value.shape:
             self.failures[a.label] = (f"re-run gave shape {tuple(value.shape)}, run a's value has "
-                                      f"{tuple(value_a.shape)}")
+                                      f"{tuple(reference.value.shape)}")
             return None
-        return difference(value_a, value)
+        return reference.difference(value)
 
     def _output(self, b: PassRecord, held: HeldValues) -> torch.Tensor:
         """b's output re-run on a's values; the outputs of one call (a split) are run once."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from torchlog.comparison.difference import Difference, difference
+from torchlog.comparison.difference import Difference, Reference
 from torchlog.comparison.rows import Status
 from torchlog.comparison.tolerances import Tolerance
 from torchlog.records import PassRecord
@@ -65,8 +65,9 @@ def _same_state(first: Any, second: Any) -> bool:
 
 
 def judge(a: PassRecord, b: PassRecord, tolerance: Tolerance,
-          random_unmatched: bool) -> tuple[Status, Difference | None, Any]:
-    """The status of a paired pass, its difference, and a's value (read once, for reuse).
+          random_unmatched: bool) -> tuple[Status, Difference | None, Reference | None]:
+    """The status of a paired pass, its difference, and a's value (read once, kept for
+    the local error; None when not read or not a tensor).
 
     `random_unmatched`: the op drew random numbers in runs of different seeds and its
     paired parents all match, so a difference is the draw's, not the runs'.
@@ -80,8 +81,10 @@ def judge(a: PassRecord, b: PassRecord, tolerance: Tolerance,
     value_a, value_b = a.tensor_contents, b.tensor_contents  # values are read here, pair by pair
     if not (isinstance(value_a, torch.Tensor) and isinstance(value_b, torch.Tensor)) \
             or value_a.shape != value_b.shape:
-        return Status.NOT_COMPARABLE, None, value_a
-    found = difference(value_a, value_b)
+        kept = Reference(value_a) if isinstance(value_a, torch.Tensor) else None  # for re-runs
+        return Status.NOT_COMPARABLE, None, kept
+    reference = Reference(value_a)
+    found = reference.difference(value_b)
     if found.within(tolerance):
-        return Status.MATCH, found, value_a
-    return (Status.NOT_COMPARABLE if random_unmatched else Status.DIFFERS), found, value_a
+        return Status.MATCH, found, reference
+    return (Status.NOT_COMPARABLE if random_unmatched else Status.DIFFERS), found, reference
