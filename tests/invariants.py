@@ -1,8 +1,12 @@
 """Shared checks on captured histories: the structural invariants (`torchlog.lint`, like fx's
-`graph.lint()`) and the forward-hook oracle for module outputs."""
+`graph.lint()`), the lint of every history built while a test runs, and the forward-hook
+oracle for module outputs."""
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -26,6 +30,55 @@ def check_history(history: ModelHistory, postfunc_used: bool = False,
         torchlog.LintError (an AssertionError): the message lists each broken invariant.
     """
     lint(history, complete=complete, check_saved=not postfunc_used)
+
+
+# ----- every history built while a test runs -------------------------------------------------------
+NOTE = ("(tests/conftest.py lints every ModelHistory built while a test runs, as it is built; mark "
+        "a test @pytest.mark.no_lint('why') if it must build a broken one)")
+
+
+class LintTally:
+    """What `linting` checked in this process: `histories`, the `seconds` lint took, and the
+    `failures` (LintError messages) of the running test, which conftest.py empties per test."""
+
+    histories = 0
+    seconds = 0.0
+    failures: list[str] = []
+
+
+TALLY = LintTally()
+
+
+def linting(original_init: Callable[..., None]) -> Callable[..., None]:
+    """`ModelHistory.__init__`, followed by `torchlog.lint` of the history just built.
+
+    Checking at construction sees every history the API, the storage reader, replay and
+    torchlog's internal passes build, before anyone can change it, and puts no frame between
+    the caller and torchlog (warnings' stacklevels and call sites stay the user's). Saved values
+    are compared with their metadata unless an `activation_postfunc` made them; lazy values of a
+    loaded history stay on disk.
+
+    Raises:
+        LintError: the new history breaks an invariant; it is also kept in TALLY.failures, so
+            that a test still fails where torchlog catches the error on the way out.
+    """
+    @functools.wraps(original_init)
+    def init_and_lint(self: ModelHistory, *args: Any, **kwargs: Any) -> None:
+        from torchlog import LintError
+
+        original_init(self, *args, **kwargs)
+        started = perf_counter()
+        try:
+            lint(self, check_saved=self.info.activation_postfunc is None)
+        except LintError as exc:
+            TALLY.failures.append(f"{type(self).__name__} of {self.info.model_name}: {exc}")
+            exc.add_note(NOTE)
+            raise
+        finally:
+            TALLY.histories += 1
+            TALLY.seconds += perf_counter() - started
+
+    return init_and_lint
 
 
 def record_module_outputs(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,

@@ -230,3 +230,39 @@ def test_the_paths_where_new_code_goes_exist() -> None:
     assert len(paths) >= 5, f"the section names too few paths: {paths}"
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert not missing, f"docs/design.md says new code goes in {missing}, which do not exist"
+
+
+def _reversed_copy(history):
+    """A new ModelHistory of `history`'s records with the passes in reverse order: broken."""
+    from torchlog.history import ModelHistory
+
+    return ModelHistory(list(reversed(history)), history.layers, history.modules, history.info)
+
+
+def test_every_history_built_while_a_test_runs_is_linted_as_it_is_built() -> None:
+    import torchlog
+    from tests.invariants import TALLY
+
+    claim = "`tests/conftest.py` lints every `ModelHistory` built while a test runs"
+    assert claim in " ".join(_page().split()), f"docs/design.md no longer says {claim!r}"
+    history = torchlog.log_forward_pass(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()),
+                                        torch.ones(1, 2))
+    checked = TALLY.histories
+    with pytest.raises(torchlog.LintError, match="not in execution order") as info:
+        _reversed_copy(history)
+    assert "no_lint" in "".join(info.value.__notes__) and TALLY.histories == checked + 1
+    # Kept for the fixture's teardown, which fails a test whose LintError torchlog caught; this
+    # one raised it on purpose.
+    assert len(TALLY.failures) == 1 and "not in execution order" in TALLY.failures[0]
+    TALLY.failures.clear()
+
+
+@pytest.mark.no_lint("builds a history with its passes reversed, to show that the marker lets it through")
+def test_no_lint_lets_a_test_build_a_broken_history() -> None:
+    import torchlog
+
+    history = torchlog.log_forward_pass(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()),
+                                        torch.ones(1, 2))
+    broken = _reversed_copy(history)
+    with pytest.raises(torchlog.LintError, match="not in execution order"):
+        torchlog.lint(broken)

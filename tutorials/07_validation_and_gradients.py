@@ -1,6 +1,6 @@
-"""Tutorial: checking a log by replay, and saving the gradient of every layer.
+"""Tutorial 7: checking a log by replay, and saving the gradient of every layer.
 
-Run it with `python tutorials/validation_and_gradients.py`; it takes a few seconds on a CPU.
+Run it with `python tutorials/07_validation_and_gradients.py`; it takes a few seconds on a CPU.
 You will:
 
 1. check that torchlog logged a model correctly with `validate_saved_activations`;

@@ -1,6 +1,6 @@
-"""Tutorial: a hand-written RNN cell stepped in a loop, its history and its rolled view.
+"""Tutorial 3: a hand-written RNN cell stepped in a loop, its history and its rolled view.
 
-Run it with `python tutorials/recurrence.py` (a second or two on a CPU). You will see:
+Run it with `python tutorials/03_recurrence.py` (a second or two on a CPU). You will see:
 
 1. how the passes of a loop fold into one layer with `:k` pass labels;
 2. the rolled view: one record per layer, with which passes each edge connects;

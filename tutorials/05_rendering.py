@@ -1,6 +1,6 @@
-"""Tutorial: draw a forward pass as a graph, unrolled, rolled and depth-limited.
+"""Tutorial 5: draw a forward pass as a graph, unrolled, rolled and depth-limited.
 
-Run it with `python tutorials/rendering.py`; it takes a few seconds on a CPU, downloads
+Run it with `python tutorials/05_rendering.py`; it takes a few seconds on a CPU, downloads
 nothing and writes its pictures to a temporary folder (it prints where). You will:
 
 1. log a small GPT-2 and draw every op (the unrolled view);

@@ -1,6 +1,6 @@
-"""Tutorial: debugging a model that crashes, with the history torchlog keeps.
+"""Tutorial 2: debugging a model that crashes, with the history torchlog keeps.
 
-Run it with `python tutorials/debugging_a_broken_model.py`; it takes a second on a CPU.
+Run it with `python tutorials/02_debugging_a_broken_model.py`; it takes a second on a CPU.
 You will:
 
 1. log a model whose forward pass crashes in `torch.cat`, and read the note torchlog adds

@@ -1,6 +1,6 @@
-"""Tutorial: activations on disk with torchlog.storage.
+"""Tutorial 6: activations on disk with torchlog.storage.
 
-Run it with `python tutorials/storage.py`; it takes a few seconds on a CPU and writes its
+Run it with `python tutorials/06_storage.py`; it takes a few seconds on a CPU and writes its
 files to a temporary folder, removed at the end. You will:
 
 1. stream every activation of a small CNN into an HDF5 file while it runs;
