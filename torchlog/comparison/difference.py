@@ -8,7 +8,7 @@ import torch
 
 from torchlog.comparison.tolerances import Tolerance
 
-__all__ = ["Difference", "Reference", "difference", "SAME"]
+__all__ = ["Difference", "Reference", "difference", "working_dtype", "SAME"]
 
 
 class Difference(NamedTuple):
@@ -75,7 +75,7 @@ class Reference:
         # torch.equal stops at the first unequal element: cheap for values that differ.
         if a.numel() == 0 or (a.dtype == b.dtype and torch.equal(a, b)):  # NaN never equals NaN
             return SAME
-        work = _working_dtype(a.dtype, b.dtype)
+        work = working_dtype(a.dtype, b.dtype)
         if self._work is None or self._work[0] != work:
             self._work, self._figures = (work, a.to(work)), None  # any layout: no flat copy needed
         x, y = self._work[1], b.to(work)
@@ -83,7 +83,7 @@ class Reference:
         return found if found is not None else _nonfinite_figures(x, y)
 
 
-def _working_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+def working_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
     """float32 for values of at most 32-bit floats, float64 (complex128) for wider or
     integer values, complex64 for complex values of at most 64 bits."""
     wide = any(d.itemsize > 4 if d.is_floating_point else d.itemsize > 8 if d.is_complex else True

@@ -1,7 +1,6 @@
 """Comparison: two runs compared pass by pass, with where they part; a read-only result."""
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any, overload
 
@@ -49,21 +48,30 @@ class Comparison:
 
     def to_html(self, path: str, depth: int | None = None) -> str:
         """Write the interactive viewer of run a with op nodes coloured by the relative L2
-        difference of each pass from run b (a legend names the scale; passes with nothing
-        to compare are left uncoloured), focused on the first divergence. Returns the path.
+        difference of each pass from run b (a legend names the scale), focused on the first
+        divergence. Returns the path.
+
+        A pass with nothing to compare is marked by why: 'only in a', 'not saved', 'not
+        comparable', 'shape mismatch', or 'no finite rel. L2' (NaN or Inf at different
+        places); the legend names each mark and counts the passes only run b ran. A pass's
+        panel shows run a's value, then run b's statistics (its label, shape and dtype where
+        they are not a's), those of the difference a - b in the working dtype the comparison
+        used, and the row's figures. Values are read a few pairs at a time, as `compare`
+        reads them (see torchlog.comparison.page).
 
         Raises:
             LogFileNotFoundError: the folder of `path` does not exist.
         """
-        from torchlog.vis.viewer import to_html  # lazily: the viewer sits beside comparison
+        from torchlog.comparison.page import page_parts
+        from torchlog.vis.viewer import Annotations, to_html  # lazily: the viewer sits beside comparison
 
-        values = {row.label_a: row.diff.rel_l2 for row in self.rows
-                  if row.label_a is not None and row.diff is not None and math.isfinite(row.diff.rel_l2)
-                  and row.label_a in self.a}
+        parts = page_parts(self)
         first = self.first_divergence
         focus = first.label_a if first is not None and first.label_a in self.a else None
-        return to_html(self.a, path, depth=depth, focus=focus, colour_by=values,
-                       colour_legend="relative L2 difference, ||a - b|| / ||a||")
+        notes = Annotations(marks=parts.marks, sections=parts.sections, notes=parts.notes,
+                            value_title="run a")
+        return to_html(self.a, path, depth=depth, focus=focus, colour_by=parts.values,
+                       colour_legend="relative L2 difference, ||a - b|| / ||a||", annotations=notes)
 
     @property
     def has_local_errors(self) -> bool:

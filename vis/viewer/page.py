@@ -17,6 +17,7 @@ from torchlog.errors import (
 )
 from torchlog.vis.options import RenderOptions, check_depth
 from torchlog.vis.placement import place
+from torchlog.vis.viewer.annotations import Annotations, annotation_data
 from torchlog.vis.viewer.colour import colour_data
 from torchlog.vis.viewer.data import page_data, scope_table
 from torchlog.vis.viewer.outputs import call_outputs
@@ -176,7 +177,8 @@ def _script_json(data: dict[str, Any]) -> str:
 def page_html(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
               focus: str | None = None, with_stats: bool = True,
               colour_by: Mapping[str, float] | None = None,
-              colour_legend: str | None = None) -> ViewerPage:
+              colour_legend: str | None = None, *,
+              annotations: Annotations | None = None) -> ViewerPage:
     """The complete viewer page for `history` as one HTML string.
 
     `focus` (any key of the history: a label, `label:pass` or module address) opens the
@@ -184,20 +186,32 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
     `colour_by` maps labels (a pass, or a layer for all its passes) to numbers; the page
     then opens with op nodes coloured by them on a scale titled `colour_legend` (see
     `torchlog.vis.viewer.colour`); a collapsed module or rolled layer takes the value of
-    largest magnitude among its passes.
+    largest magnitude among its passes. `annotations` (see
+    `torchlog.vis.viewer.annotations`) adds marks on nodes with no value (the legend names
+    them; a collapsed node takes a mark only when none of its passes has a value), tables
+    in the panel of each pass and notes in the legend; marks or notes without `colour_by`
+    colour by no number (every other node "no value").
 
     Raises:
-        InvalidArgumentTypeError: `history` is not a ModelHistory, `depth` not an int, or
-            `colour_by` not a mapping of labels to real numbers.
-        InvalidOptionError: `mode` is not 'unrolled', 'rolled' or None, `depth` < 1, or a
-            `colour_by` value is NaN or infinite.
-        LayerNotFoundError: `focus` or a `colour_by` key names nothing in the history.
+        InvalidArgumentTypeError: `history` is not a ModelHistory, `depth` not an int,
+            `colour_by` not a mapping of labels to real numbers, or `annotations` not an
+            Annotations of the documented types.
+        InvalidOptionError: `mode` is not 'unrolled', 'rolled' or None, `depth` < 1, a
+            `colour_by` value is NaN or infinite, or a mark is empty, one of more than six
+            names, or given to a pass that has a colour value.
+        LayerNotFoundError: `focus`, a `colour_by` key or an `annotations` key names
+            nothing in the history.
         TorchlogError: the history holds no ops.
     """
     _check_history(history)
     _check_mode(mode)
     check_depth(depth, "depth", "a readable default")
     colour = colour_data(history, colour_by, colour_legend)
+    extra = annotation_data(history, annotations, {} if colour is None else colour["values"])
+    if colour is None and ("marks" in extra or "notes" in extra):
+        colour = colour_data(history, {}, colour_legend)
+    if colour is not None:
+        colour.update((key, extra.pop(key)) for key in ("marks", "markNames", "notes") if key in extra)
     with collector_paused():  # many small acyclic objects: no sweeps meanwhile
         pick_depth = depth is None
         mode, depth = default_view(history, mode, depth)
@@ -209,6 +223,7 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
             data["view"]["focus"] = found.label
         if colour is not None:
             data["colour"] = colour
+        data.update(extra)  # the panel's sections and value title
         text = _script_json(data)
     page = Template(_asset("page.html")).substitute(
         title=_ascii_html(history.model_name), style=_asset("viewer.css"),
@@ -238,21 +253,24 @@ def _output_path(path: Any) -> Path:
 
 def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None = None,
             depth: int | None = None, focus: str | None = None,
-            colour_by: Mapping[str, float] | None = None, colour_legend: str | None = None) -> str:
+            colour_by: Mapping[str, float] | None = None, colour_legend: str | None = None, *,
+            annotations: Annotations | None = None) -> str:
     """Write the interactive viewer of `history` to one self-contained HTML file.
 
     The page loads nothing from the network. `mode` ('unrolled' or 'rolled') and `depth`
     (modules this deep and deeper drawn as one node) set the view it opens with; None picks
     a readable one; `focus` opens it centred on one layer; `colour_by` (label -> number)
-    and `colour_legend` colour the op nodes, as `page_html` says. Returns the path written.
+    and `colour_legend` colour the op nodes, and `annotations` adds marks, panel tables and
+    legend notes, as `page_html` says. Returns the path written.
 
     Raises:
         LogFileNotFoundError: the folder of `path` does not exist.
-        InvalidOptionError: a bad mode or depth, a NaN or infinite colour value, or `path`
-            is a folder.
-        InvalidArgumentTypeError: `history` is not a ModelHistory, `path` not a path, or
-            `colour_by` not a mapping of labels to numbers.
-        LayerNotFoundError: `focus` or a `colour_by` key names nothing in the history.
+        InvalidOptionError: a bad mode or depth, a NaN or infinite colour value, a bad
+            mark (see `page_html`), or `path` is a folder.
+        InvalidArgumentTypeError: `history` is not a ModelHistory, `path` not a path,
+            `colour_by` not a mapping of labels to numbers, or `annotations` of a wrong type.
+        LayerNotFoundError: `focus`, a `colour_by` key or an `annotations` key names
+            nothing in the history.
         TorchlogError: the history holds no ops.
 
     Example:
@@ -264,24 +282,28 @@ def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None =
         ('linear.html', True)
     """
     target = _output_path(path)
-    page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend)
+    page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend,
+                     annotations=annotations)
     target.write_text(page, encoding="utf-8")
     return str(target)
 
 
 def show(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
          focus: str | None = None, height: int | None = None,
-         colour_by: Mapping[str, float] | None = None, colour_legend: str | None = None) -> ViewerPage:
+         colour_by: Mapping[str, float] | None = None, colour_legend: str | None = None, *,
+         annotations: Annotations | None = None) -> ViewerPage:
     """The viewer of `history` for a notebook: display the returned page (it shows inline).
 
     Returns the page; as the last expression of a Jupyter cell it displays itself in a
     frame `height` pixels high (default 640), which the reader can resize by its bottom edge.
-    `colour_by` and `colour_legend` colour the op nodes, as `page_html` says.
+    `colour_by`, `colour_legend` and `annotations` colour and annotate the op nodes, as
+    `page_html` says.
 
     Raises:
         TorchlogError: as `page_html` says.
         InvalidOptionError: `height` is an int below 240.
         InvalidArgumentTypeError: `height` is not an int.
     """
-    page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend)
+    page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend,
+                     annotations=annotations)
     return page if height is None else page.sized(height)

@@ -1,6 +1,7 @@
 // Colour by data: op nodes filled by a number per pass (a statistic of the saved activation,
 // or the values a caller gave `to_html(colour_by=...)`), with a legend; by node kind otherwise.
-// A collapsed module or rolled layer takes the value of largest magnitude among its passes.
+// A collapsed module or rolled layer takes the value of largest magnitude among its passes;
+// under the caller's colouring, a node with no value shows the caller's mark, if any (why).
 const COLOUR_MEASURES = {
   custom: { title: () => DATA.colour.title, of: (p) => DATA.colour.values[p.label] },
   std: { title: () => "std", of: (p) => p.stats && p.stats.std },
@@ -11,6 +12,12 @@ const COLOUR_MEASURES = {
 const SEQUENTIAL = ["#fff7ec", "#fdd49e", "#fc8d59", "#d7301f", "#7f0000"];
 const DIVERGING = ["#2166ac", "#92c5de", "#f7f7f7", "#f4a582", "#b2182b"];
 const NO_VALUE = "#f2f2f2";
+// Fills of the caller's marks (why a node has no value), apart from both scales and NO_VALUE;
+// marked nodes are also outlined dashed.
+const MARK_FILLS = ["#9e7bd9", "#66c2a5", "#e7d84a", "#8c6d31", "#e377c2", "#17becf"];
+const MARK_DASH = "4,2";
+const MARKS = (DATA.colour && DATA.colour.marks) || {};
+const MARK_NAMES = (DATA.colour && DATA.colour.markNames) || [];
 const colouring = { range: null };
 
 function hexToRgb(hex) {
@@ -54,6 +61,13 @@ function colourOf(value) {
   return rampColour(r.stops, r.hi > r.lo ? (value - r.lo) / (r.hi - r.lo) : 0.5);
 }
 
+// A unit with no value under the caller's colouring shows the mark of its first marked pass.
+function unitMark(unit) {
+  if (state.colour !== "custom") return null;
+  for (const p of unit.members) if (MARKS[p.label] !== undefined) return MARKS[p.label];
+  return null;
+}
+
 function unitValue(unit) {
   let best = null;
   for (const p of unit.members) {
@@ -72,15 +86,28 @@ function applyColours() {
     const info = drawn.built.ids.get(g.id);
     const shape = g.querySelector("polygon, ellipse, path");
     if (!info || !shape || info.unit.kind === "failed") continue;
-    if (g.dataset.kindFill === undefined) g.dataset.kindFill = shape.getAttribute("fill") || "";
-    let fill = g.dataset.kindFill;
+    if (g.dataset.kindFill === undefined) {
+      g.dataset.kindFill = shape.getAttribute("fill") || "";
+      g.dataset.kindDash = shape.getAttribute("stroke-dasharray") || "";
+    }
+    let fill = g.dataset.kindFill, dash = g.dataset.kindDash;
     delete g.dataset.colourValue;
+    delete g.dataset.mark;
     if (state.colour !== "kind") {
       const value = unitValue(info.unit);
+      const mark = value === null ? unitMark(info.unit) : null;
       if (value !== null) g.dataset.colourValue = String(value);
       fill = colourOf(value);
+      if (mark !== null) {
+        g.dataset.mark = MARK_NAMES[mark];
+        fill = MARK_FILLS[mark % MARK_FILLS.length];
+        dash = MARK_DASH;
+      }
     }
-    g.querySelectorAll("polygon, ellipse, path").forEach((s) => { if (s.getAttribute("fill") !== "none") s.setAttribute("fill", fill); });
+    g.querySelectorAll("polygon, ellipse, path").forEach((s) => {
+      if (s.getAttribute("fill") !== "none") s.setAttribute("fill", fill);
+      if (dash) s.setAttribute("stroke-dasharray", dash); else s.removeAttribute("stroke-dasharray");
+    });
     const textColour = state.colour !== "kind" && isDark(fill) ? "white" : "";
     g.querySelectorAll("text").forEach((t) => { if (textColour) t.setAttribute("fill", textColour); else t.removeAttribute("fill"); });
   }
@@ -94,7 +121,16 @@ function showLegend() {
   const title = COLOUR_MEASURES[state.colour].title();
   const bar = r ? `<div class="bar" style="background: linear-gradient(to right, ${r.stops.join(", ")})"></div>` +
     `<div class="ends"><span>${esc(num(r.lo))}</span><span>${esc(num(r.hi))}</span></div>` : "<div>no values</div>";
-  legend.innerHTML = `<b>${esc(title)}</b>${bar}<div><i style="background: ${NO_VALUE}"></i> no value</div>`;
+  legend.innerHTML = `<b>${esc(title)}</b>${bar}<div><i style="background: ${NO_VALUE}"></i> no value</div>` +
+    (state.colour === "custom" ? legendMarks() : "");
+}
+
+// The caller's marks, each with its fill, and notes (what the graph cannot show).
+function legendMarks() {
+  const marks = MARK_NAMES.map((name, i) => `<div class="mark" data-mark="${esc(name)}">` +
+    `<i style="background: ${MARK_FILLS[i % MARK_FILLS.length]}; border-style: dashed"></i> ${esc(name)}</div>`);
+  const notes = ((DATA.colour && DATA.colour.notes) || []).map((line) => `<div class="note">${esc(line)}</div>`);
+  return marks.join("") + notes.join("");
 }
 
 async function setColour(name) {

@@ -72,6 +72,22 @@ function beforeAfterHtml(b, s, bad) {
   ].map(line).join("") + "</table>";
 }
 
+// Tables a caller added for this pass (`to_html(annotations=...)`), each under its title.
+const VALUE_TITLE = DATA.valueTitle || "Activation";
+function sectionsHtml(p) {
+  const found = DATA.sections && DATA.sections.passes[p.label];
+  if (!found) return "";
+  return found.map(([layout, values]) => {
+    const [title, names] = DATA.sections.layouts[layout];
+    const cells = names.map((name, i) => [name, typeof values[i] === "number" ? num(values[i]) : esc(values[i])]);
+    return `<section class="torchlog-section" data-title="${esc(title)}"><h3>${esc(title)}</h3>${rows(cells)}</section>`;
+  }).join("");
+}
+
+function valueHtml(p, heading) {
+  return (heading ? `<h3>${esc(VALUE_TITLE)}</h3>` : "") + statsHtml(p) + sectionsHtml(p);
+}
+
 function passRows(p) {
   const modules = p.modules.length ? p.modules.map(moduleLink).join(" \u2039 ") : "(top level)";
   return rows([
@@ -102,7 +118,7 @@ function passIndexInCall(p) {
 
 function showPass(p) {
   panelHistograms.length = 0;
-  ui.panel.innerHTML = `<h2>${esc(p.label)}</h2>` + passRows(p) + "<h3>Activation</h3>" + statsHtml(p);
+  ui.panel.innerHTML = `<h2>${esc(p.label)}</h2>` + passRows(p) + valueHtml(p, true);
 }
 
 function showLayer(layer) {
@@ -110,14 +126,14 @@ function showLayer(layer) {
   const passes = layer.passes.map((l) => passByLabel.get(l));
   const first = passes[0];
   let html = `<h2>${esc(layer.label)}${passes.length > 1 ? ` (x${passes.length})` : ""}</h2>`;
-  if (passes.length === 1) { ui.panel.innerHTML = html + passRows(first) + "<h3>Activation</h3>" + statsHtml(first); return; }
+  if (passes.length === 1) { ui.panel.innerHTML = html + passRows(first) + valueHtml(first, true); return; }
   html += rows([["function", `<code>${esc(first.func)}</code>`], ["kind", esc(first.kind)],
     ["passes", String(passes.length)], ["call site", siteHtml(first.site)]]);
   const chart = passesChartSvg(passes);
   if (chart) html += "<h3>Over the passes</h3>" + chart + '<p class="legend">mean (line), mean \u00b1 std (band), min and max (dots)</p>';
   html += passes.map((p, i) => `<details${i === 0 ? " open" : ""}><summary>pass ${p.pass}: ${esc(shapeText(p.shape))}` +
     `${p.stats && (p.stats.nan || p.stats.inf) ? ' <span class="warn">NaN/Inf</span>' : ""}</summary>` +
-    passRows(p) + statsHtml(p) + "</details>").join("");
+    passRows(p) + valueHtml(p, false) + "</details>").join("");
   ui.panel.innerHTML = html;
 }
 

@@ -1,0 +1,160 @@
+"""What Comparison.to_html adds to run a's viewer page: marks, run b's and the difference's statistics, each row's figures."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchlog.comparison.difference import working_dtype
+from torchlog.comparison.rows import Row, Status
+from torchlog.records import PassRecord
+from torchlog.statistics import TensorStats, summarize_all
+
+if TYPE_CHECKING:
+    from torchlog.comparison.result import Comparison
+
+__all__ = ["MARKS", "NOT_FINITE", "PageParts", "page_parts"]
+
+# Why a pass of run a has no colour: the mark its node carries, by its row's status.
+MARKS = {Status.ONLY_A: "only in a", Status.NOT_SAVED: "not saved",
+         Status.NOT_COMPARABLE: "not comparable", Status.SHAPE: "shape mismatch"}
+# A compared pass whose relative L2 is not finite: NaN or Inf at different places, or a is
+# all zeros where b is not.
+NOT_FINITE = "no finite rel. L2"
+NUM_NAMED = 5  # passes only run b ran that the legend names
+# Values waiting to be summarised hold at most this many elements together: many small
+# values are summarised in one go, and memory stays within a few passes' bytes.
+PENDING_ELEMENTS = 1 << 18
+B_TITLE, ROW_TITLE = "run b", "comparison"
+
+
+@dataclass(slots=True)
+class PageParts:
+    """What the page shows beyond run a, in the viewer's terms (plain dicts and lists)."""
+
+    values: dict[str, float]  # pass of run a -> relative L2 of b against it (its colour)
+    marks: dict[str, str]  # pass of run a with no colour -> why (a MARKS name or NOT_FINITE)
+    sections: dict[str, dict[str, dict[str, Any]]]  # pass of a -> panel title -> entry -> value
+    notes: list[str]  # the legend's line on the passes only run b ran (not on a's graph)
+
+
+def page_parts(comparison: "Comparison") -> PageParts:
+    """Colour values, marks, panel sections and legend notes of a comparison's page.
+
+    Each pair's values are read, their difference taken in the comparison's working dtype
+    (`working_dtype`) and both summarised (`torchlog.statistics`) a few pairs at a time, so
+    histories opened with `torchlog.load` stay on disk.
+    """
+    records_a = {r.label: r for r in comparison.a}
+    records_b = {r.label: r for r in comparison.b}
+    parts = PageParts({}, {}, {}, [])
+    pending = _Pending()
+    for row in comparison.rows:
+        if row.label_a is None or row.label_a not in records_a:
+            continue
+        record_b = None if row.label_b is None else records_b.get(row.label_b)
+        parts.sections[row.label_a] = _sections(row, records_a[row.label_a], record_b, pending)
+        rel_l2 = row.rel_l2
+        if rel_l2 is not None and math.isfinite(rel_l2):
+            parts.values[row.label_a] = rel_l2
+        elif row.status in MARKS:
+            parts.marks[row.label_a] = MARKS[row.status]
+        elif rel_l2 is not None:
+            parts.marks[row.label_a] = NOT_FINITE
+    pending.flush()
+    only_b = [row.label_b for row in comparison.rows if row.label_a is None]
+    if only_b:
+        more = f" and {len(only_b) - NUM_NAMED} more" if len(only_b) > NUM_NAMED else ""
+        passes = "pass" if len(only_b) == 1 else "passes"
+        parts.notes.append(f"{len(only_b)} {passes} only in run b, not drawn: "
+                           f"{', '.join(str(l) for l in only_b[:NUM_NAMED])}{more}")
+    return parts
+
+
+def _sections(row: Row, record_a: PassRecord, record_b: PassRecord | None,
+              pending: "_Pending") -> dict[str, dict[str, Any]]:
+    """The panel's tables of one row: run b's value, the difference, the row's figures;
+    statistics are filled in when `pending` is flushed."""
+    sections: dict[str, dict[str, Any]] = {}
+    if record_b is not None:
+        own = sections[B_TITLE] = _differing(row)
+        value_a, value_b = _value(record_a), _value(record_b)
+        diff = None
+        if value_a is not None and value_b is not None and value_a.shape == value_b.shape:
+            work = working_dtype(value_a.dtype, value_b.dtype)
+            diff = value_a.detach().to(work) - value_b.detach().to(device=value_a.device, dtype=work)
+        del value_a  # only b's value and the difference wait to be summarised
+        if value_b is None:
+            own["value"] = "not saved" if record_b.saved is None else "not a tensor"
+        else:
+            pending.add(own, value_b)
+            del value_b
+        if diff is not None:
+            title = f"difference a - b ({str(diff.dtype).removeprefix('torch.')})"
+            pending.add(sections.setdefault(title, {}), diff)
+    sections[ROW_TITLE] = _figures(row)
+    return sections
+
+
+def _value(record: PassRecord) -> torch.Tensor | None:
+    if record.saved is None:
+        return None
+    value = record.tensor_contents
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _differing(row: Row) -> dict[str, Any]:
+    """b's label, shape and dtype where they are not a's."""
+    own: dict[str, Any] = {}
+    if row.label_b != row.label_a:
+        own["label"] = row.label_b
+    if row.shape_b != row.shape_a and row.shape_b is not None:
+        own["shape"] = str(tuple(row.shape_b))
+    if row.dtype_b != row.dtype_a and row.dtype_b is not None:
+        own["dtype"] = str(row.dtype_b).removeprefix("torch.")
+    return own
+
+
+def _figures(row: Row) -> dict[str, Any]:
+    figures: dict[str, Any] = {"status": str(row.status)}
+    if row.diff is not None:
+        figures.update({"max |a - b|": row.diff.max_abs, "max rel. diff": row.diff.max_rel,
+                        "rel. L2": row.diff.rel_l2, "cosine": row.diff.cosine})
+    if row.local is not None:
+        figures["local error (rel. L2)"] = row.local.rel_l2
+    if row.status in (Status.MATCH, Status.DIFFERS):
+        figures["tolerance"] = f"rtol {row.tolerance.rtol:g}, atol {row.tolerance.atol:g}"
+    return figures
+
+
+def _stat_entries(stats: TensorStats) -> dict[str, Any]:
+    """The entries the viewer's own statistics table shows, in its order."""
+    entries: dict[str, Any] = {}
+    if stats.min is not None:
+        entries.update({"min": stats.min, "max": stats.max, "mean": stats.mean, "std": stats.std})
+    entries.update({"zeros": f"{100 * stats.zeros:.1f} %", "NaN": stats.num_nan,
+                    "Inf": stats.num_inf, "elements": stats.numel})
+    return entries
+
+
+class _Pending:
+    """Tensors waiting to be summarised, with the tables their statistics go to."""
+
+    def __init__(self) -> None:
+        self.tables: list[dict[str, Any]] = []
+        self.values: list[torch.Tensor] = []
+        self.elements = 0
+
+    def add(self, table: dict[str, Any], value: torch.Tensor) -> None:
+        self.tables.append(table)
+        self.values.append(value)
+        self.elements += value.numel()
+        if self.elements >= PENDING_ELEMENTS:
+            self.flush()
+
+    def flush(self) -> None:
+        for table, stats in zip(self.tables, summarize_all(self.values, histograms=False)):
+            table.update(_stat_entries(stats))
+        self.tables, self.values, self.elements = [], [], 0
