@@ -257,6 +257,28 @@ def test_every_history_built_while_a_test_runs_is_linted_as_it_is_built() -> Non
     TALLY.failures.clear()
 
 
+def test_tests_mirror_the_sources() -> None:
+    """Each package of torchlog/, vis/ and storage/ has its folder of tests, and each folder of
+    tests a package, as "Where new code goes" says."""
+    text = _page()
+    assert "`tests/` mirrors the sources" in text
+    pairs = [(ROOT / "torchlog", ROOT / "tests" / "torchlog"), (ROOT / "vis", ROOT / "tests" / "vis"),
+             (ROOT / "storage", ROOT / "tests" / "storage")]
+    for source, tests in pairs:
+        assert any(tests.glob("test_*.py")), f"{tests.relative_to(ROOT)} holds no tests of {source.name}/"
+    packages = sorted(p.name for p in (ROOT / "torchlog").iterdir() if (p / "__init__.py").is_file())
+    folders = sorted(p.name for p in (ROOT / "tests" / "torchlog").iterdir()
+                     if p.is_dir() and any(p.glob("test_*.py")))
+    assert packages == folders, (
+        f"torchlog's packages {packages} and the test folders of tests/torchlog/ {folders} differ: a "
+        "package's tests go in tests/torchlog/<package>/, and a folder of tests names a package")
+    for package in packages:
+        assert f"`tests/torchlog/{package}/`" in text, f"docs/design.md does not list tests/torchlog/{package}/"
+    stray = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                   if p.parent.relative_to(ROOT / "tests").parts[:1] not in ((), ("torchlog",), ("vis",), ("storage",)))
+    assert not stray, f"test files outside the mirror of the sources: {stray}"
+
+
 @pytest.mark.no_lint("builds a history with its passes reversed, to show that the marker lets it through")
 def test_no_lint_lets_a_test_build_a_broken_history() -> None:
     import torchlog
