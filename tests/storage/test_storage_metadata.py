@@ -11,7 +11,7 @@ import torch
 import torchlog
 from tests.models import CreatedInside, WithBuffers
 from tests.storage.compare import assert_same_history
-from tests.torchlog.test_partial import JoinsMismatched
+from tests.torchlog.capture.test_partial import JoinsMismatched
 from torchlog.errors import IncompleteLogWarning
 from torchlog.records import NodeKind
 from torchlog.storage.format import METADATA

@@ -111,7 +111,7 @@ def test_a_value_that_is_not_a_tensor_is_named():
 def test_every_front_end_shows_the_same_statistics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.export.histories import nested
+    from tests.torchlog.export.histories import nested
     from torchlog.export.netron_metrics import node_metrics
     from torchlog.vis.viewer.data import page_data
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchlog
-from tests.export.histories import gpt2, logged, nested, partial, recurrent
+from tests.torchlog.export.histories import gpt2, logged, nested, partial, recurrent
 from tests.golden_compare import check_golden
 from tests.models import Branching, InPlace, MultiOutput, Nested, ReusedModule
 from torchlog.vis.autograd import GRAD_OUTPUT, GRAD_PARAM, backward_graph

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchlog
-from tests.export.histories import gpt2, logged, nested, partial, recurrent
+from tests.torchlog.export.histories import gpt2, logged, nested, partial, recurrent
 from tests.invariants import ancestors
 from tests.models import DoubleUse
 

@@ -165,7 +165,7 @@ def test_gpt2_total_against_one_hook_over_the_whole_pass():
     hook over the whole pass counts every distinct saved storage once. The per-op figures add
     up to at least that, and more only by storages that two ops both saved (here two 1 KB
     hidden states, each saved by two ops)."""
-    from tests.export.histories import gpt2
+    from tests.torchlog.export.histories import gpt2
 
     _, model, ids = gpt2()
     history = _profiled(model, ids)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import onnx
 
-from tests.export.histories import nested
+from tests.torchlog.export.histories import nested
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _torchlog(*args: str, **options) -> subprocess.Popen:

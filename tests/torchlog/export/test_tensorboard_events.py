@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import torchlog
-from tests.export.histories import gpt2, nested, partial, recurrent
+from tests.torchlog.export.histories import gpt2, nested, partial, recurrent
 from tests.invariants import check_history
 
 EVERYTHING = {"histograms": 0, "scalars": 0, "graph": 0}

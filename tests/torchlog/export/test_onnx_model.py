@@ -12,7 +12,7 @@ import torch
 from google.protobuf import json_format
 
 import torchlog
-from tests.export.histories import gpt2, logged, nested, partial, recurrent
+from tests.torchlog.export.histories import gpt2, logged, nested, partial, recurrent
 from torchlog.export.netron_metrics import SIGNATURE, metrics_path
 
 

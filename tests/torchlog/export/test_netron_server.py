@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.export.histories import gpt2, nested, partial, recurrent
+from tests.torchlog.export.histories import gpt2, nested, partial, recurrent
 from tests.vis.browser import start_browser, wait_for
 from torchlog.export import serve_netron
 from torchlog.export.onnx_functions import call_tree

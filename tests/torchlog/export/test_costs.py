@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.export.histories import nested, recurrent
+from tests.torchlog.export.histories import nested, recurrent
 from torchlog.export.netron_metrics import metrics_path
 
 

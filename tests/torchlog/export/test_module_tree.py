@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.export.histories import gpt2, logged, nested, partial, recurrent
+from tests.torchlog.export.histories import gpt2, logged, nested, partial, recurrent
 from tests.golden_compare import check_golden
 from tests.models import ReusedModule
 
@@ -17,7 +17,7 @@ _TIME = re.compile(r"\d+(\.\d+)? (µs|ms|s)(?= ·|$)", re.M)
 
 
 def _check_golden(text: str, name: str) -> None:
-    """Compare with tests/export/golden/<name>; TORCHLOG_UPDATE_GOLDEN=1 rewrites it."""
+    """Compare with tests/torchlog/export/golden/<name>; TORCHLOG_UPDATE_GOLDEN=1 rewrites it."""
     check_golden(GOLDEN / name, _TIME.sub("TIME", text) + "\n")
 
 

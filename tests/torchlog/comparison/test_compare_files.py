@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 import torchlog
-from tests.torchlog.test_compare import Mlp, NanInBlockOne
+from tests.torchlog.comparison.test_compare import Mlp, NanInBlockOne
 
 pytest.importorskip("h5py")
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_files_give_the_comparison_made_in_memory(tmp_path: Path) -> None:
