@@ -32,14 +32,16 @@ def check_history(history: ModelHistory, postfunc_used: bool = False,
     lint(history, complete=complete, check_saved=not postfunc_used)
 
 
-# ----- every history built while a test runs -------------------------------------------------------
-NOTE = ("(tests/conftest.py lints every ModelHistory built while a test runs, as it is built; mark "
-        "a test @pytest.mark.no_lint('why') if it must build a broken one)")
+# ----- every history built while a test, a docstring example or a tutorial runs ---------------------
+NOTE = ("(the test suite lints every ModelHistory built while a test, a docstring example or a "
+        "tutorial runs, as it is built: tests/lint_plugin.py, tests/test_tutorials.py; mark a test "
+        "@pytest.mark.no_lint('why') if it must build a broken one)")
 
 
 class LintTally:
     """What `linting` checked in this process: `histories`, the `seconds` lint took, and the
-    `failures` (LintError messages) of the running test, which conftest.py empties per test."""
+    `failures` (LintError messages naming their history) of the running test, which
+    tests/lint_plugin.py empties per test."""
 
     histories = 0
     seconds = 0.0
@@ -59,8 +61,9 @@ def linting(original_init: Callable[..., None]) -> Callable[..., None]:
     loaded history stay on disk.
 
     Raises:
-        LintError: the new history breaks an invariant; it is also kept in TALLY.failures, so
-            that a test still fails where torchlog catches the error on the way out.
+        LintError: the new history breaks an invariant; a note names the history. It is also
+            kept in TALLY.failures, so that a test still fails where torchlog catches the error
+            on the way out.
     """
     @functools.wraps(original_init)
     def init_and_lint(self: ModelHistory, *args: Any, **kwargs: Any) -> None:
@@ -71,14 +74,36 @@ def linting(original_init: Callable[..., None]) -> Callable[..., None]:
         try:
             lint(self, check_saved=self.info.activation_postfunc is None)
         except LintError as exc:
-            TALLY.failures.append(f"{type(self).__name__} of {self.info.model_name}: {exc}")
-            exc.add_note(NOTE)
+            named = f"{type(self).__name__} of {self.info.model_name}"
+            TALLY.failures.append(f"{named}: {exc}")
+            exc.add_note(f"raised by torchlog.lint of the {named} just built {NOTE}")
             raise
         finally:
             TALLY.histories += 1
             TALLY.seconds += perf_counter() - started
 
+    init_and_lint.lints = True  # type: ignore[attr-defined]
     return init_and_lint
+
+
+def lint_from_now_on() -> None:
+    """Lint every ModelHistory this process builds from now on, with `linting`: a tutorial's
+    process or notebook kernel, which no pytest fixture reaches. Call `lint_summary` at its end."""
+    if not getattr(ModelHistory.__init__, "lints", False):
+        ModelHistory.__init__ = linting(ModelHistory.__init__)  # type: ignore[method-assign]
+
+
+def lint_summary() -> str:
+    """One line: how many histories `linting` checked in this process and how long it took.
+
+    Raises:
+        AssertionError: a LintError was raised since the tally was last emptied and caught on
+            its way out (by torchlog or the code that built the history); lists each one.
+    """
+    if TALLY.failures:
+        raise AssertionError("a LintError was caught before it could fail the run:\n"
+                             + "\n".join(TALLY.failures))
+    return f"torchlog.lint checked {TALLY.histories} histories as they were built, in {TALLY.seconds:.1f} s"
 
 
 def record_module_outputs(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,

@@ -239,22 +239,56 @@ def _reversed_copy(history):
     return ModelHistory(list(reversed(history)), history.layers, history.modules, history.info)
 
 
-def test_every_history_built_while_a_test_runs_is_linted_as_it_is_built() -> None:
+def test_every_history_built_while_a_test_runs_is_linted_as_it_is_built(request: pytest.FixtureRequest) -> None:
     import torchlog
     from tests.invariants import TALLY
 
-    claim = "`tests/conftest.py` lints every `ModelHistory` built while a test runs"
+    claim = ("The test suite lints every `ModelHistory` built while a test, a docstring example, a "
+             "page's example or a tutorial runs, as it is built")
     assert claim in " ".join(_page().split()), f"docs/design.md no longer says {claim!r}"
+    assert request.config.pluginmanager.has_plugin("tests.lint_plugin"), "tests/lint_plugin.py is not loaded"
     history = torchlog.log_forward_pass(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()),
                                         torch.ones(1, 2))
     checked = TALLY.histories
     with pytest.raises(torchlog.LintError, match="not in execution order") as info:
         _reversed_copy(history)
-    assert "no_lint" in "".join(info.value.__notes__) and TALLY.histories == checked + 1
+    notes = "".join(info.value.__notes__)
+    assert "no_lint" in notes and "ModelHistory of Sequential" in notes and TALLY.histories == checked + 1
     # Kept for the fixture's teardown, which fails a test whose LintError torchlog caught; this
     # one raised it on purpose.
     assert len(TALLY.failures) == 1 and "not in execution order" in TALLY.failures[0]
     TALLY.failures.clear()
+
+
+def test_the_lint_reaches_what_the_page_says() -> None:
+    """The wiring behind the claim: what loads the plugin, which folders `make test` runs docstring
+    examples of, and that the tutorial runner installs the lint. (The behaviour, a broken history
+    failing its run, is tested in tests/test_lint_plugin.py, tests/test_tutorials.py and
+    tests/test_docs_site.py.)"""
+    import configparser
+    import shlex
+
+    text = " ".join(_page().split())
+    ini = configparser.ConfigParser()
+    ini.read(ROOT / "setup.cfg")
+    addopts = shlex.split(ini["tool:pytest"]["addopts"])
+    assert "--doctest-modules" in addopts and "-p tests.lint_plugin" in " ".join(addopts), (
+        f"setup.cfg's addopts {addopts} do not run docstring examples with tests/lint_plugin.py, as "
+        f"docs/design.md says (`-p tests.lint_plugin`, `--doctest-modules`)")
+    assert "`-p tests.lint_plugin`" in text and "`tests/conftest.py` names" in text
+    conftest = ast.parse((ROOT / "tests" / "conftest.py").read_text())
+    named = [ast.literal_eval(n.value) for n in conftest.body if isinstance(n, ast.Assign)
+             and any(getattr(t, "id", None) == "pytest_plugins" for t in n.targets)]
+    assert named and "tests.lint_plugin" in named[0], "tests/conftest.py's pytest_plugins omits tests.lint_plugin"
+    recipe = re.search(r"^test:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe, "the Makefile has no test target"
+    folders = re.findall(r"`(torchlog|vis|storage)/`", text.split("--doctest-modules", 1)[1].split(";", 1)[0])
+    assert sorted(folders) == ["storage", "torchlog", "vis"], f"the page's list of doctest folders: {folders}"
+    missing = [f for f in folders if f not in recipe.group(1).split()]
+    assert not missing, f"docs/design.md says docstring examples of {missing} are linted; `make test` runs {recipe.group(1)!r}"
+    runner = (ROOT / "tests" / "test_tutorials.py").read_text()
+    assert "lint_from_now_on()" in runner and "lint_summary()" in runner, (
+        "tests/test_tutorials.py no longer installs the lint in the tutorials' processes")
 
 
 def test_tests_mirror_the_sources() -> None:

@@ -1,5 +1,5 @@
-"""The documentation: the site builds in strict mode, the pages' and the README quickstart's examples run,
-and every page the README links to exists."""
+"""The documentation: the site builds in strict mode, the pages' and the README quickstart's examples run
+(each history they build linted by tests/lint_plugin.py), and every page the README links to exists."""
 from __future__ import annotations
 
 import doctest
@@ -38,6 +38,24 @@ def test_page_examples_run(page: str, tmp_path: Path, monkeypatch: pytest.Monkey
 def test_the_example_runner_reports_a_wrong_output() -> None:
     results, report = _run_examples("```pycon\n>>> 1 + 1\n3\n```\n", "wrong")
     assert (results.failed, results.attempted) == (1, 1) and "Expected" in report
+
+
+def test_a_page_example_that_builds_a_broken_history_fails_naming_it() -> None:
+    from tests.invariants import TALLY
+
+    page = ("```pycon\n>>> import torch, torchlog\n>>> from torchlog.history import ModelHistory\n"
+            ">>> history = torchlog.log_forward_pass(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), "
+            "torch.ones(1, 2))\n"
+            ">>> ModelHistory(list(reversed(history)), history.layers, history.modules, history.info)"
+            "  # doctest: +ELLIPSIS\n<ModelHistory of Sequential: ...>\n```\n")
+    results, report = _run_examples(page, "broken")
+    assert (results.failed, results.attempted) == (1, 4), report
+    assert "LintError: the history breaks" in report and "passes are not in execution order" in report
+    assert "torchlog.lint of the ModelHistory of Sequential just built" in report
+    # Kept for the lint fixture's teardown, which fails a test whose LintError was caught (here by
+    # the example runner, on purpose).
+    assert len(TALLY.failures) == 1 and TALLY.failures[0].startswith("ModelHistory of Sequential: ")
+    TALLY.failures.clear()
 
 
 def test_readme_quickstart_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
