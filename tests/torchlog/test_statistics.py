@@ -154,3 +154,23 @@ def test_tensor_stats_is_a_frozen_record():
     assert isinstance(s, TensorStats)
     with pytest.raises(AttributeError):
         s.mean = 2.0  # type: ignore[misc]
+
+
+def test_statistics_without_histograms_are_the_same_but_the_counts():
+    """histograms=False (the comparison page's statistics of b and of a - b): every other field
+    as numpy's, small values together and large ones alone, a float64 input left untouched."""
+    g = torch.Generator().manual_seed(2)
+    large = [torch.randn(5000, generator=g), torch.randn(70, 80, generator=g, dtype=torch.float64) * 1e3]
+    large[1][0, :4] = float("nan")
+    samples = _samples() + large
+    before = [t.clone() for t in samples]
+    for t, s in zip(samples, summarize_all(samples, histograms=False)):
+        oracle = _numpy_oracle(t)
+        assert s.counts == ()
+        assert (s.numel, s.num_nan, s.num_inf, s.min, s.max) == \
+            (oracle["numel"], oracle["num_nan"], oracle["num_inf"], oracle["min"], oracle["max"])
+        assert s.zeros == pytest.approx(oracle["zeros"], abs=1e-12)
+        assert s.mean == pytest.approx(oracle["mean"], rel=1e-12, abs=1e-12)
+        assert s.std == pytest.approx(oracle["std"], rel=1e-10)
+    for t, copy in zip(samples, before):
+        torch.testing.assert_close(t, copy, rtol=0, atol=0, equal_nan=True)  # read, not written

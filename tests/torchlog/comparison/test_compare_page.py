@@ -1,5 +1,6 @@
-"""Comparison.to_html on a pair of 1,000-pass runs: the page's size, and in Chromium its colours
-against relative L2 differences computed with plain PyTorch from the two runs' saved values."""
+"""Comparison.to_html on a pair of 1,000-pass runs: the page's size, b's and the difference's
+statistics for every pass, and in Chromium its colours against relative L2 differences computed
+with plain PyTorch from the two runs' saved values."""
 from __future__ import annotations
 
 import copy
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 import torchlog
+from tests.torchlog.comparison.test_compare_panel import check_stats, embedded_data, sections_of
 
 # The viewer's size budget (issue 11): the page of a 12-layer GPT-2, 555 passes with
 # statistics, is at most 3 MB. A 1,000-pass comparison page of small tensors stays within it.
@@ -62,6 +64,19 @@ def test_a_thousand_pass_comparison_page_fits_the_viewer_budget(runs, tmp_path) 
     text = path.read_text(encoding="utf-8")
     assert len(text.encode()) <= PAGE_BUDGET_BYTES
     assert LEGEND in text and text.count("mul_1_3") >= 1
+
+
+def test_every_pass_of_the_thousand_pass_page_has_b_and_the_difference(runs, tmp_path) -> None:
+    a, b = runs
+    data = embedded_data(torchlog.compare(a, b).to_html(str(tmp_path / "compare.html")))
+    assert set(data["sections"]["passes"]) == {record.label for record in a}
+    for label in ("input_1_0", "linear_1_1:301", "mul_1_3", "tanh_1_2:500"):
+        x, y = a[label].tensor_contents.detach(), b[label].tensor_contents.detach()
+        tables = sections_of(data, label)
+        check_stats(tables["run b"], y)
+        check_stats(tables["difference a - b (float32)"], x - y)
+    # Every pass ran in both: nothing marked, nothing only in b.
+    assert "marks" not in data["colour"] and "notes" not in data["colour"]
 
 
 @pytest.mark.browser
