@@ -9,7 +9,7 @@ and `ActivationDataset` reads them back as a torch Dataset. The file layout is d
 in docs/storage.md.
 """
 from torchlog.storage.dataset import ActivationDataset
-from torchlog.storage.extract import ActivationFile, extract, open_activations
+from torchlog.storage.extraction import ActivationFile, extract, open_activations
 from torchlog.storage.lazy import StoredTensor, StoredValue
 from torchlog.storage.reader import FileHistory, load
 from torchlog.storage.values import WriteOptions

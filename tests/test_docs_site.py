@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import importlib
 import io
 import re
 import subprocess
@@ -92,3 +93,9 @@ def test_site_builds_in_strict_mode(tmp_path: Path) -> None:
     assert 'id="torchlog.log_forward_pass"' in api, "the API page does not document log_forward_pass"
     storage = (tmp_path / "api" / "storage" / "index.html").read_text()
     assert 'id="torchlog.storage.load"' in storage, "torchlog.storage is not read from storage/"
+    pages = "".join(page.read_text() for page in (tmp_path / "api").rglob("index.html"))
+    for name in ("torchlog", "torchlog.interventions", "torchlog.patching", "torchlog.select",
+                 "torchlog.comparison", "torchlog.export", "torchlog.storage", "torchlog.vis"):
+        module = importlib.import_module(name)
+        undocumented = [n for n in module.__all__ if f'id="{name}.{n}"' not in pages]
+        assert not undocumented, f"the API reference has no entry for {name}'s {undocumented} (in its __all__)"

@@ -20,7 +20,7 @@ from torchlog.storage.distributed import Group
 from torchlog.storage.shards import find_shards, shard_path
 
 LAYERS = factories.LAYERS
-extract_module = importlib.import_module("torchlog.storage.extract")  # the package shows the function
+extract_module = importlib.import_module("torchlog.storage.extraction")  # the package shows the function
 
 
 def _ranks(monkeypatch: pytest.MonkeyPatch, world: int, call) -> dict[int, object]:

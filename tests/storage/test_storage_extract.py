@@ -1,4 +1,4 @@
-"""Tests of storage/extract.py and storage/arrays.py: layers over a dataset, resumable."""
+"""Tests of storage/extraction.py and storage/arrays.py: layers over a dataset, resumable."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlog.comparison.align import Pair, align
-from torchlog.comparison.difference import SAME
+from torchlog.comparison.alignment import Pair, align
+from torchlog.comparison.differences import SAME
 from torchlog.comparison.held_values import HeldValues
 from torchlog.comparison.local_error import LocalErrors
 from torchlog.comparison.origins import find_origins
@@ -26,7 +26,7 @@ def compare(a: ModelHistory, b: ModelHistory, *, rtol: float | None = None,
     """Compare two logged runs op by op: where they part, and the error each op adds.
 
     The passes pair by label when both runs ran the same ops, else in execution order
-    (see `torchlog.comparison.align`). Each pair's values are read, compared and let go
+    (see `torchlog.comparison.alignment`). Each pair's values are read, compared and let go
     before the next pair's, so histories opened with `torchlog.load` stay on disk. When
     `b` kept its function arguments (`save_function_args=True`), each compared row also
     gets its local error: b's op re-run on a's parent values.

@@ -5,8 +5,8 @@ from typing import Any
 
 import torch
 
-from torchlog.comparison.align import Pair
-from torchlog.comparison.difference import Difference, Reference
+from torchlog.comparison.alignment import Pair
+from torchlog.comparison.differences import Difference, Reference
 from torchlog.comparison.held_values import HeldValues
 from torchlog.records import PassRecord
 from torchlog.replay.rerun import rerun

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchlog.comparison.difference import working_dtype
+from torchlog.comparison.differences import working_dtype
 from torchlog.comparison.rows import Row, Status
 from torchlog.records import PassRecord
 from torchlog.statistics import TensorStats, summarize_all

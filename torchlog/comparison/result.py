@@ -27,7 +27,7 @@ class Comparison:
         self.b = b  # the run compared with it
         self.rows = rows
         self.origins = origins  # rows that differ while every paired parent matches
-        self.alignment = alignment  # 'label' or 'sequence' (see torchlog.comparison.align)
+        self.alignment = alignment  # 'label' or 'sequence' (see torchlog.comparison.alignment)
         self.local_failures = local_failures  # label of run a -> why its op could not be re-run
         self._by_label = {row.label_b: row for row in rows if row.label_a is None}
         self._by_label.update((row.label_a, row) for row in rows if row.label_a is not None)

@@ -6,7 +6,7 @@ from enum import Enum
 
 import torch
 
-from torchlog.comparison.difference import Difference
+from torchlog.comparison.differences import Difference
 from torchlog.comparison.tolerances import Tolerance
 
 __all__ = ["Status", "Row"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from torchlog.comparison.difference import Difference, Reference
+from torchlog.comparison.differences import Difference, Reference
 from torchlog.comparison.rows import Status
 from torchlog.comparison.tolerances import Tolerance
 from torchlog.records import PassRecord

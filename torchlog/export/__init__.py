@@ -6,7 +6,7 @@ optional dependency (extras `networkx`, `tensorboard`, `onnx`) when called, so i
 this package loads none of them.
 """
 from torchlog.export.costs import ModuleCost, cost_by_module
-from torchlog.export.module_tree import module_tree
+from torchlog.export.module_tree_text import module_tree
 from torchlog.export.netron_server import NetronServer, serve_netron
 from torchlog.export.networkx_graph import to_networkx
 from torchlog.export.onnx_model import build_model, to_onnx

@@ -1,4 +1,4 @@
-"""history.module_tree (torchlog/export/module_tree.py): print(model)'s hierarchy with what each
+"""history.module_tree (torchlog/export/module_tree_text.py): print(model)'s hierarchy with what each
 module did, against golden files (times, which vary, replaced by TIME)."""
 from __future__ import annotations
 
