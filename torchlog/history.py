@@ -344,13 +344,14 @@ class ModelHistory(Sequence):
 
     def to_html(self, path: str, mode: str | None = None, depth: int | None = None,
                 focus: str | None = None, colour_by: Mapping[str, float] | None = None,
-                colour_legend: str | None = None) -> str:
+                colour_legend: str | None = None, *, annotations: Any = None) -> str:
         """Write the interactive viewer (zoom, expand modules, inspect values) to one HTML file.
 
         The page is self-contained and loads nothing from the network; `mode`
         ('unrolled' or 'rolled') and `depth` set the view it opens with (None: readable
         defaults); `focus` (a label or module address) opens it centred on that node;
-        `colour_by` (label -> number) colours op nodes on a scale named by `colour_legend`.
+        `colour_by` (label -> number) colours op nodes on a scale named by `colour_legend`;
+        `annotations` (a `torchlog.vis.viewer.Annotations`) marks nodes and adds panel tables.
         Returns the path written; see `torchlog.vis.viewer.to_html`.
 
         Raises:
@@ -359,20 +360,21 @@ class ModelHistory(Sequence):
         """
         from torchlog.vis.viewer import to_html  # lazily: vis sits above the core
 
-        return to_html(self, path, mode, depth, focus, colour_by, colour_legend)
+        return to_html(self, path, mode, depth, focus, colour_by, colour_legend, annotations=annotations)
 
     def show(self, mode: str | None = None, depth: int | None = None,
              focus: str | None = None, height: int | None = None,
-             colour_by: Mapping[str, float] | None = None, colour_legend: str | None = None) -> Any:
+             colour_by: Mapping[str, float] | None = None, colour_legend: str | None = None, *,
+             annotations: Any = None) -> Any:
         """The interactive viewer inline in a notebook (Jupyter, JupyterLab, VS Code).
 
         Returns a page object that displays itself as a cell's result (an iframe); no
-        extension is needed; `height` sets the frame's height in pixels, and `colour_by`
-        and `colour_legend` are those of `to_html`. Outside notebooks, use `to_html`.
+        extension is needed; `height` sets the frame's height in pixels, and `colour_by`,
+        `colour_legend` and `annotations` are those of `to_html`. Outside notebooks, use `to_html`.
         """
         from torchlog.vis.viewer import show
 
-        return show(self, mode, depth, focus, height, colour_by, colour_legend)
+        return show(self, mode, depth, focus, height, colour_by, colour_legend, annotations=annotations)
 
     def to_dot(self, **options: Any) -> str:
         """The DOT source of the graph, available even without the `dot` binary."""

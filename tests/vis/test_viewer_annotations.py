@@ -105,3 +105,16 @@ def test_more_mark_names_than_the_page_tells_apart_are_refused(history) -> None:
     fits = dict(list(too_many.items())[:MAX_MARKS])
     assert _data(page_html(history, annotations=Annotations(marks=fits)))["colour"]["markNames"] == \
         [f"why {i}" for i in range(MAX_MARKS)]
+
+
+def test_the_history_methods_hand_annotations_to_the_viewer(history, tmp_path) -> None:
+    notes = Annotations(marks={"relu_1_2": "skipped"}, notes=["one note"])
+    path = history.to_html(str(tmp_path / "page.html"), colour_by={"linear_1_1": 0.25}, annotations=notes)
+    with open(path, encoding="utf-8") as page:
+        colour = _data(page.read())["colour"]
+    assert colour["marks"] == {"relu_1_2": 0} and colour["markNames"] == ["skipped"]
+    assert colour["notes"] == ["one note"]
+    shown = _data(history.show(annotations=notes))["colour"]
+    assert shown["marks"] == {"relu_1_2": 0} and shown["notes"] == ["one note"]
+    with pytest.raises(InvalidArgumentTypeError, match="annotations"):
+        history.to_html(str(tmp_path / "bad.html"), annotations={"relu_1_2": "skipped"})
