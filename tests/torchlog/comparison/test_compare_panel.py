@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import torchlog
+from tests.torchlog.comparison.test_compare_files import Deep
 from torchlog.comparison.rows import Status
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -169,15 +170,6 @@ def test_nan_at_different_places_is_marked_with_no_finite_difference(tmp_path: P
     check_stats(tables["run b"], b["log_1_1"].tensor_contents)
     diff = a["log_1_1"].tensor_contents - b["log_1_1"].tensor_contents
     assert tables["difference a - b (float32)"]["NaN"] == int(torch.isnan(diff).sum()) == 6
-
-
-class Deep(nn.Module):
-    """22 passes of 4 MB each for an input of 1M floats: 88 MB saved per run."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(10):
-            x = x * 1.0001 + 1
-        return x
 
 
 # Compares two logs, resets the peak resident set size, then works out the page's statistics
