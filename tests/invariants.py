@@ -103,6 +103,11 @@ def lint_summary() -> str:
     if TALLY.failures:
         raise AssertionError("a LintError was caught before it could fail the run:\n"
                              + "\n".join(TALLY.failures))
+    return tally_line()
+
+
+def tally_line() -> str:
+    """How many histories `linting` checked in this process, and how long lint took."""
     return f"torchlog.lint checked {TALLY.histories} histories as they were built, in {TALLY.seconds:.1f} s"
 
 

@@ -55,6 +55,4 @@ def _lint_every_history(request: pytest.FixtureRequest):
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     invariants = sys.modules.get("tests.invariants")
     if invariants is not None and invariants.TALLY.histories:
-        terminalreporter.write_line(
-            f"torchlog.lint checked {invariants.TALLY.histories} histories as they were built, "
-            f"in {invariants.TALLY.seconds:.1f} s")
+        terminalreporter.write_line(invariants.tally_line())

@@ -15,7 +15,7 @@ from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
 
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
-from torchlog.records import LayerRecord
+from torchlog.vis.viewer.colour import pass_labels
 
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
@@ -105,8 +105,7 @@ def _passes(history: "ModelHistory", key: Any, what: str) -> list[str]:
     if not isinstance(key, str):
         raise InvalidArgumentTypeError(
             f"Annotations.{what} keys are labels (str), got {key!r} of type {type(key).__name__}")
-    found = history[key]  # LayerNotFoundError names the closest labels
-    return [r.label for r in found.passes] if isinstance(found, LayerRecord) else [found.label]
+    return pass_labels(history, key)
 
 
 def _mapping(value: Any, what: str, example: str) -> Mapping[Any, Any]:

@@ -18,7 +18,7 @@ from torchlog.records import LayerRecord
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
-__all__ = ["colour_data"]
+__all__ = ["colour_data", "pass_labels"]
 
 DEFAULT_LEGEND = "value"
 
@@ -62,8 +62,17 @@ def colour_data(history: "ModelHistory", colour_by: Mapping[str, float] | None,
         if not math.isfinite(value):
             raise InvalidOptionError(f"colour_by[{key!r}] is {value!r}; give finite numbers "
                                      "(leave a label out to show it has no value)")
-        found = history[key]  # LayerNotFoundError names the closest labels
-        passes = found.passes if isinstance(found, LayerRecord) else [found]
-        for record in passes:
-            values[record.label] = float(value)
+        for label in pass_labels(history, key):
+            values[label] = float(value)
     return {"title": legend or DEFAULT_LEGEND, "values": values}
+
+
+def pass_labels(history: "ModelHistory", key: str) -> list[str]:
+    """The passes a key of `colour_by` or `Annotations` stands for: a pass label that pass, a
+    layer label each pass of the layer.
+
+    Raises:
+        LayerNotFoundError: the key names nothing in the history (the closest labels listed).
+    """
+    found = history[key]
+    return [r.label for r in found.passes] if isinstance(found, LayerRecord) else [found.label]

@@ -5,11 +5,7 @@ passes only run b ran; and the peak memory of those statistics for two logs read
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +14,8 @@ import torch
 from torch import nn
 
 import torchlog
-from tests.torchlog.comparison.test_compare_files import Deep
+from tests.torchlog.comparison.memory_peaks import peak_of
 from torchlog.comparison.rows import Status
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 class Port(nn.Module):
@@ -172,44 +166,19 @@ def test_nan_at_different_places_is_marked_with_no_finite_difference(tmp_path: P
     assert tables["difference a - b (float32)"]["NaN"] == int(torch.isnan(diff).sum()) == 6
 
 
-# Compares two logs, resets the peak resident set size, then works out the page's statistics
-# of run b and of the differences. Big allocations are mmapped (a fixed threshold), so a freed
-# value leaves the resident set.
-_PEAK_SCRIPT = textwrap.dedent("""
-    import sys, torch, torchlog
-    from torchlog.comparison.page import page_parts
-    torch.set_num_threads(1)
-
-    def status(key):
-        return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) * 1024
-
-    tiny = torchlog.load(sys.argv[3])
-    page_parts(torchlog.compare(tiny, tiny))  # every library loaded
-    comparison = torchlog.compare(torchlog.load(sys.argv[1]), torchlog.load(sys.argv[2]))
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    start = status("VmRSS")
-    assert status("VmHWM") - start < 1 << 20, "the peak resident set size was not reset"
-    parts = page_parts(comparison)
-    print(status("VmHWM") - start, len(parts.sections))
-""")
-
-
 def test_peak_memory_of_the_page_statistics_of_two_files_is_a_few_passes(tmp_path: Path) -> None:
-    pytest.importorskip("h5py")
-    x = torch.rand(1 << 20)
-    a = torchlog.log_forward_pass(Deep(), x, save_to=tmp_path / "a.h5")
-    b = torchlog.log_forward_pass(Deep(), x * 1.001, save_to=tmp_path / "b.h5")
-    torchlog.log_forward_pass(nn.Linear(2, 2), torch.ones(1, 2), save_to=tmp_path / "tiny.h5")
-    both_runs, largest = a.num_saved_bytes + b.num_saved_bytes, max(p.num_bytes for p in a)
-    del a, b
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 16))
-    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, *(str(tmp_path / f"{n}.h5") for n in "ab"),
-                           str(tmp_path / "tiny.h5")], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    peak, num_sections = (int(v) for v in done.stdout.split())
-    assert num_sections == 22, done.stdout
+    # Compares two logs, then works out the page's statistics of run b and of the differences.
+    peak, num_sections, both_runs, largest = peak_of("""
+        from torchlog.comparison.page import page_parts
+
+        tiny = torchlog.load(sys.argv[3])
+        page_parts(torchlog.compare(tiny, tiny))  # every library loaded
+        comparison = torchlog.compare(torchlog.load(sys.argv[1]), torchlog.load(sys.argv[2]))
+        start = reset_peak()
+        parts = page_parts(comparison)
+        print(status("VmHWM") - start, len(parts.sections))
+    """, tmp_path)
+    assert num_sections == 22
     assert peak < both_runs / 8, f"peak {peak} B for runs of {both_runs} B"
     # b's value and the difference, and the float64 copy statistics read (two passes' bytes
     # for float32 values): four passes, and a little for the file reads.
