@@ -42,7 +42,7 @@ from torchlog.history import ModelHistory, all_passes
 from torchlog.model_state import model_kept
 from torchlog.records import NodeKind, PassRecord
 from torchlog.seeding import seeded
-from torchlog.selection import resolve
+from torchlog.sites.resolve import resolve
 from torchlog.storage.extract_runners import BatchValues, HookRunner, LeanRunner
 
 __all__ = ["ExtractPlan"]

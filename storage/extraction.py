@@ -22,9 +22,8 @@ import torch
 from torch import nn
 
 from torchlog.errors import InvalidOptionError, LogFileError, LogFileExistsError
-from torchlog.interventions.sites import check_stop_after
+from torchlog.sites.entries import check_entries, check_stop_after
 from torchlog.seeding import seeded
-from torchlog.selection import check_entries
 from torchlog.storage import files
 from torchlog.storage.arrays import ActivationFile, Appender
 from torchlog.storage.batches import Batches, batch_len

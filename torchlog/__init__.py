@@ -1,4 +1,5 @@
 """torchlog: record every tensor operation of a PyTorch forward pass."""
+import sys as _sys
 from typing import Any
 
 from torchlog.api import log_forward_pass
@@ -30,10 +31,15 @@ from torchlog.options import LogOptions
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
 from torchlog.replay import validate_saved_activations
 from torchlog.comparison import Comparison, compare, find_nonfinite
-from torchlog import interventions, patching, select
+from torchlog import interventions, patching
+from torchlog.sites import select
 from torchlog.errors import InterventionError
 
 __version__ = "0.1.0"
+
+# `torchlog.select` is the public spelling of the selectors (torchlog/sites/select.py):
+# `import torchlog.select` and `from torchlog.select import func` find the same module.
+_sys.modules.setdefault("torchlog.select", select)
 
 
 def load(path: str) -> ModelHistory:

@@ -34,7 +34,7 @@ from torchlog.optional import require
 from torchlog.options import LogOptions, merge_options
 from torchlog.records import FailedArg, FailedOp
 from torchlog.seeding import seeded
-from torchlog.selection import resolve
+from torchlog.sites.resolve import resolve
 
 __all__ = ["log_forward_pass"]
 

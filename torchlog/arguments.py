@@ -12,7 +12,8 @@ from torch import nn
 
 from torchlog.capture.options import CaptureOptions
 from torchlog.errors import InvalidArgumentTypeError, ModelInputError, TorchlogWarning
-from torchlog.interventions.sites import Interventions, check_intervene
+from torchlog.sites.entries import check_intervene
+from torchlog.sites.planner import Interventions
 from torchlog.options import LogOptions
 from torchlog.seeding import new_seed
 

@@ -10,8 +10,7 @@ import torch
 
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
 from torchlog.gradients import check_gradient_options
-from torchlog.interventions.sites import check_intervene, check_stop_after
-from torchlog.selection import check_entries
+from torchlog.sites.entries import check_entries, check_intervene, check_stop_after
 
 __all__ = ["LogOptions", "ON_ERROR", "merge_options", "device_of"]
 

@@ -21,7 +21,7 @@ from tests.models import (
     WithBuffers,
 )
 from torchlog.errors import LogFileError, OpSequenceChangedWarning
-from torchlog.selection import resolve
+from torchlog.sites.resolve import resolve
 from torchlog.storage.extract_plan import ExtractPlan
 
 

@@ -16,10 +16,30 @@ from typing import Any, NamedTuple
 
 import torch
 
-from torchlog.select import OpView
 
-__all__ = ["Act", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "max_change", "out_of_order",
+__all__ = ["Act", "OpView", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "max_change", "out_of_order",
            "substitute", "unfit"]
+
+
+class OpView(NamedTuple):
+    """What is known of a pass when its op returns: what `where` predicates receive.
+
+    The pass label is not known yet (labels are given after the pass, when loops are
+    found); `op_index` and `module_path` place the pass instead.
+    """
+
+    func_name: str  # 'linear', '__add__', 'softmax'
+    layer_type: str  # the label's type part: 'linear', 'add', 'softmax'
+    module_path: tuple[tuple[str, int], ...]  # enclosing module calls, outermost first
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    op_index: int  # position among every pass of the run (inputs and buffers included)
+    output_index: int  # which output of a multi-output op (0 for most)
+
+    @property
+    def module(self) -> str:
+        """The innermost enclosing module's address ('' at the model's top level)."""
+        return self.module_path[-1][0] if self.module_path else ""
 
 
 class Firing(NamedTuple):

@@ -21,7 +21,7 @@ from torchlog.capture.options import CaptureOptions
 from torchlog.capture.plan import Act, Firing, StopCapture, max_change, out_of_order, substitute, unfit
 from torchlog.errors import InterventionError
 from torchlog.labels import layer_type_of
-from torchlog.select import OpView
+from torchlog.capture.plan import OpView
 from torchlog.capture.profile import OpProfiler
 from torchlog.capture.rng import rng_state
 from torchlog.capture.transfer import DeviceCopier

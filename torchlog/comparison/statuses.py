@@ -11,18 +11,9 @@ from torchlog.comparison.rows import Status
 from torchlog.comparison.tolerances import Tolerance
 from torchlog.records import PassRecord
 from torchlog.replay.rules import UNDEFINED_VALUES
+from torchlog.sites.random_ops import RANDOM_OPS
 
-__all__ = ["RANDOM_OPS", "is_undefined", "random_draws", "judge"]
-
-# Ops that draw from the RNG when they run (dropout only in training: with rng states
-# recorded, `random_draws` tells; without, a difference they carry in still shows).
-RANDOM_OPS = frozenset({
-    "dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-    "feature_alpha_dropout", "native_dropout", "rand", "randn", "randint", "randperm",
-    "rand_like", "randn_like", "randint_like", "normal", "normal_", "uniform_", "bernoulli",
-    "bernoulli_", "multinomial", "poisson", "exponential_", "geometric_", "cauchy_",
-    "log_normal_", "random_", "rrelu", "rrelu_", "gumbel_softmax",
-})
+__all__ = ["is_undefined", "random_draws", "judge"]
 
 
 def is_undefined(record: PassRecord) -> bool:

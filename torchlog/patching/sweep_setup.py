@@ -25,8 +25,8 @@ from torchlog.model_state import model_kept
 from torchlog.patching.prefix import rng_states, same_states
 from torchlog.patching.runs import Target
 from torchlog.records import NodeKind
-from torchlog.select import Selector
-from torchlog.selection import call_positions, resolve
+from torchlog.sites.select import Selector
+from torchlog.sites.resolve import call_positions, resolve
 
 __all__ = ["Setup", "check_corrupted", "check_positions", "find_targets", "number", "prepare_sweep"]
 

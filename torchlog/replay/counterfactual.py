@@ -23,24 +23,16 @@ from torchlog.errors import (InterventionError, InvalidArgumentTypeError, Invali
                              closest_matches)
 from torchlog.history import ModelHistory, all_passes
 from torchlog.interventions.records import intervention_records
-from torchlog.interventions.sites import Site, acted_on, exit_part, check_intervene
+from torchlog.sites.entries import Site, check_intervene
+from torchlog.sites.random_ops import RANDOM_OPS
+from torchlog.sites.resolve import acted_on, exit_part
 from torchlog.records import LayerRecord, NodeKind, PassRecord, TensorMeta
-from torchlog.select import Selector, _Module, view_of
-from torchlog.selection import resolve
+from torchlog.sites.select import Selector, _Module, view_of
+from torchlog.sites.resolve import resolve
 from torchlog.replay.rerun import op_context, replaced, value_mismatch
 
 __all__ = ["replay"]
 
-# Ops that draw random numbers: replaying one needs the RNG state recorded before it.
-_RANDOM = frozenset({
-    "dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "feature_dropout",
-    "feature_dropout_", "alpha_dropout", "alpha_dropout_", "feature_alpha_dropout",
-    "feature_alpha_dropout_", "native_dropout", "_fused_dropout", "bernoulli", "bernoulli_",
-    "multinomial", "normal", "normal_", "poisson", "binomial", "_standard_gamma", "rand",
-    "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "rrelu", "rrelu_",
-    "uniform_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_",
-    "gumbel_softmax", "fractional_max_pool2d", "fractional_max_pool3d",
-})
 # Ops that also write into arguments other than the ones their names announce (running stats).
 _WRITES_OTHERS = frozenset({"batch_norm", "instance_norm"})
 _RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(PassRecord))
@@ -408,7 +400,7 @@ def _writes_first(record: PassRecord, func: Any, args: tuple, kwargs: dict) -> b
 
 
 def _is_random(name: str, args: tuple, kwargs: dict) -> bool:
-    if name not in _RANDOM:
+    if name not in RANDOM_OPS:
         return False
     if "dropout" in name:  # random only in training, and for p > 0
         training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))

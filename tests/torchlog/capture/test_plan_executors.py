@@ -20,7 +20,7 @@ from torchlog.interventions import add, replace_with, scale, zero_ablate
 from torchlog.model_state import model_kept
 from torchlog.patching.runs import Edit, run_patched
 from torchlog.patching.sweep_setup import find_targets
-from torchlog.selection import call_positions
+from torchlog.sites.resolve import call_positions
 
 ACTIONS = {
     "zero_ablate": lambda shape: zero_ablate(),

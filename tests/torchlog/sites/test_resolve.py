@@ -10,7 +10,8 @@ from tests.invariants import check_history
 from tests.models import Nested, SimpleRecurrent
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, NondeterministicModelError
 from torchlog.history import ModelHistory
-from torchlog.selection import check_entries, resolve
+from torchlog.sites.entries import check_entries
+from torchlog.sites.resolve import resolve
 
 NESTED = ["input_1_0", "linear_1_1", "relu_1_2", "add_1_3", "layernorm_1_4", "linear_2_5", "relu_2_6",
           "add_2_7", "layernorm_2_8", "linear_3_9", "output_1_10"]

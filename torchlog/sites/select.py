@@ -22,10 +22,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
-import torch
-
+from torchlog.capture.plan import OpView
 from torchlog.errors import InvalidArgumentTypeError
 from torchlog.labels import layer_type_of
 from torchlog.records import LayerRecord, PassRecord
@@ -33,27 +32,6 @@ from torchlog.records import LayerRecord, PassRecord
 ModelHistory = Any  # a torchlog.history.ModelHistory; the history sits above the selectors
 
 __all__ = ["OpView", "Selector", "func", "in_module", "label", "module", "module_type", "where"]
-
-
-class OpView(NamedTuple):
-    """What is known of a pass when its op returns: what `where` predicates receive.
-
-    The pass label is not known yet (labels are given after the pass, when loops are
-    found); `op_index` and `module_path` place the pass instead.
-    """
-
-    func_name: str  # 'linear', '__add__', 'softmax'
-    layer_type: str  # the label's type part: 'linear', 'add', 'softmax'
-    module_path: tuple[tuple[str, int], ...]  # enclosing module calls, outermost first
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    op_index: int  # position among every pass of the run (inputs and buffers included)
-    output_index: int  # which output of a multi-output op (0 for most)
-
-    @property
-    def module(self) -> str:
-        """The innermost enclosing module's address ('' at the model's top level)."""
-        return self.module_path[-1][0] if self.module_path else ""
 
 
 def view_of(record: PassRecord) -> OpView:

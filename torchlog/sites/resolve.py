@@ -1,56 +1,18 @@
-"""Resolving `layers_to_save` entries (labels, modules, positions, substrings) to passes."""
+"""Finding the passes a site names in a finished history, and which of them an action can reach."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, closest_matches
+from torchlog.errors import InterventionError, InvalidOptionError, closest_matches
 from torchlog.history import ModelHistory
 from torchlog.records import LayerRecord, NodeKind, PassRecord
-from torchlog.select import Selector
+from torchlog.sites.entries import SELECTION_FORMS
+from torchlog.sites.select import Selector, _Module, _ModuleType
 
 _OP_KINDS = (NodeKind.OP, NodeKind.CREATED)
 
-__all__ = ["SELECTION_FORMS", "call_positions", "check_entries", "resolve"]
-
-SELECTION_FORMS = (
-    "'all', None, or a list mixing layer labels ('conv2d_3_7', 'linear_1_1:2'), module "
-    "addresses ('features'), int positions (-5), substrings of labels ('conv') and "
-    "torchlog.select selectors (select.func('relu') & select.in_module('features'))"
-)
-
-
-def check_entries(layers_to_save: object) -> list[int | str] | None:
-    """Validate the shape of `layers_to_save` before any forward pass.
-
-    Returns None for 'all', an empty list for None (save nothing), else the entries.
-
-    Raises:
-        InvalidArgumentTypeError: not a str, int, list or tuple, or an entry of another type.
-        InvalidOptionError: an empty list.
-    """
-    if isinstance(layers_to_save, str) and layers_to_save == "all":
-        return None
-    if layers_to_save is None:
-        return []
-    if isinstance(layers_to_save, (str, int, Selector)) and not isinstance(layers_to_save, bool):
-        layers_to_save = [layers_to_save]
-    if not isinstance(layers_to_save, (list, tuple)):
-        raise InvalidArgumentTypeError(
-            f"layers_to_save={layers_to_save!r} is not accepted; use {SELECTION_FORMS}")
-    if not layers_to_save:
-        raise InvalidOptionError(
-            "layers_to_save=[] selects nothing; pass None to save no activations or "
-            f"use {SELECTION_FORMS}")
-    for entry in layers_to_save:
-        if isinstance(entry, Selector):
-            continue
-        if isinstance(entry, bool) or not isinstance(entry, (str, int)):
-            raise InvalidArgumentTypeError(
-                f"layers_to_save entry {entry!r} ({type(entry).__name__}) is not accepted; "
-                f"entries are str or int: {SELECTION_FORMS}")
-        if isinstance(entry, str) and not entry:
-            raise InvalidOptionError(f"layers_to_save entry {entry!r} is empty; {SELECTION_FORMS}")
-    return list(layers_to_save)
+__all__ = ["acted_on", "call_positions", "exit_part", "parts", "resolve"]
 
 
 def resolve(history: ModelHistory, entries: Sequence[int | str]) -> set[int]:
@@ -111,3 +73,37 @@ def _resolve_one(history: ModelHistory, entry: int | str | Selector) -> set[int]
     if not found:
         found = {p.op_index for p in history if entry in p.label}
     return found
+
+
+def acted_on(passes: list[PassRecord], index: int, given: Any) -> PassRecord:
+    """The op pass an action on pass `index` changes: itself, or for an output of the model
+    the op that made it.
+
+    Raises:
+        InterventionError: an input, buffer or other tensor no op made, or a view's value
+            after an in-place write (name the write instead).
+    """
+    record = passes[index]
+    if record.kind == NodeKind.OUTPUT:
+        parent = record.parents[0].label
+        record = next(p for p in passes if p.label == parent)
+    if record.kind in (NodeKind.OP, NodeKind.CREATED) and "view_written_by" not in record.extra:
+        return record
+    why = ("is a view's value after an in-place write into its base; name the op that wrote it"
+           if "view_written_by" in record.extra else
+           f"is a {record.kind.value} tensor, which no op of the model made; pass the edited "
+           "tensor as input (or edit the model's state) instead")
+    raise InterventionError(f"site {given!r} names pass {record.label!r}, which {why}")
+
+
+def parts(selector: Selector) -> list[Selector]:
+    found, pending = [], [selector]
+    while pending:
+        item = pending.pop()
+        found.append(item)
+        pending += [getattr(item, name) for name in ("left", "right", "inner") if hasattr(item, name)]
+    return found
+
+
+def exit_part(selector: Selector) -> Selector:
+    return next(p for p in parts(selector) if isinstance(p, (_Module, _ModuleType)))

@@ -8,79 +8,17 @@ positions the intervened pass must reach running the same ops.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from torchlog.capture.plan import Act, ExitRule, OpPlan, OpRule
-from torchlog.errors import (InterventionError, InvalidArgumentTypeError, InvalidOptionError,
-                             closest_matches)
+from torchlog.errors import InterventionError, InvalidOptionError, closest_matches
 from torchlog.history import ModelHistory, all_passes
-from torchlog.interventions.actions import Action, as_action
-from torchlog.records import NodeKind, PassRecord
-from torchlog.select import Selector, _InModule, _Module, _ModuleType
-from torchlog.selection import call_positions, resolve
+from torchlog.records import PassRecord
+from torchlog.sites.entries import SITE_FORMS, Site
+from torchlog.sites.resolve import acted_on, call_positions, exit_part, parts, resolve
+from torchlog.sites.select import Selector, _InModule, _Module, _ModuleType
 
-__all__ = ["Interventions", "Site", "acted_on", "check_intervene", "check_stop_after", "exit_part"]
-
-_SITE_FORMS = ("a layer label ('relu_1_2', 'linear_1_1:2'), a module address ('features.6', "
-               "'cell:3'), an int position (-5), or a torchlog.select selector "
-               "(select.func('softmax') & select.in_module('h.1'))")
-
-
-@dataclass(frozen=True, slots=True)
-class Site:
-    """One (site, action) pair of `intervene`, checked."""
-
-    number: int  # its position in `intervene`
-    given: Any  # the site as the user wrote it
-    action: Action
-
-
-def check_intervene(intervene: Any) -> tuple[Site, ...]:
-    """The (site, action) pairs of `intervene` (a dict, or a list of pairs), in order, checked
-    for type; () for None.
-
-    Raises:
-        InvalidArgumentTypeError: not a dict or list of pairs, a site or action of a wrong type.
-        InvalidOptionError: an empty dict or list.
-    """
-    if intervene is None:
-        return ()
-    if isinstance(intervene, Mapping):
-        pairs = list(intervene.items())
-    elif isinstance(intervene, (list, tuple)):
-        pairs = list(intervene)
-        for pair in pairs:
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise InvalidArgumentTypeError(
-                    f"intervene as a list takes (site, action) pairs, got {pair!r}; or pass a dict "
-                    "{site: action}")
-    else:
-        raise InvalidArgumentTypeError(
-            f"intervene must be a dict {{site: action}} or a list of (site, action) pairs, got "
-            f"{intervene!r} of type {type(intervene).__name__}")
-    if not pairs:
-        raise InvalidOptionError("intervene is empty; pass None for no interventions, or {site: action}")
-    return tuple(Site(number, _checked_site(site, "intervene"), as_action(action, site))
-                 for number, (site, action) in enumerate(pairs))
-
-
-def check_stop_after(stop_after: Any) -> Any:
-    """`stop_after` checked for type (a site as `intervene` takes them, or None).
-
-    Raises:
-        InvalidArgumentTypeError: any other type.
-    """
-    return None if stop_after is None else _checked_site(stop_after, "stop_after")
-
-
-def _checked_site(site: Any, what: str) -> Any:
-    if isinstance(site, Selector) or (isinstance(site, str) and site) or (
-            isinstance(site, int) and not isinstance(site, bool)):
-        return site
-    raise InvalidArgumentTypeError(
-        f"{what} site {site!r} of type {type(site).__name__} is not accepted; a site is {_SITE_FORMS}")
+__all__ = ["Interventions"]
 
 
 class Interventions:
@@ -184,7 +122,7 @@ class Interventions:
 
     def _check_modules(self, selector: Selector, given: Any) -> None:
         """Refuse before the pass a selector naming a module or type the model lacks."""
-        for part in _parts(selector):
+        for part in parts(selector):
             if isinstance(part, (_Module, _InModule)) and part.address not in self._types:
                 near = closest_matches(part.address, self._types)
                 raise InterventionError(
@@ -205,7 +143,7 @@ class Interventions:
             near = closest_matches(str(given), probe.layer_labels + list(probe.modules))
             raise InterventionError(
                 f"{what} site {given!r} matches no pass of this model ({len(all_passes(probe))} "
-                f"passes){'; closest: ' + ', '.join(near) if near else ''}; a site is {_SITE_FORMS}")
+                f"passes){'; closest: ' + ', '.join(near) if near else ''}; a site is {SITE_FORMS}")
         return found
 
     def _stop_in(self, probe: ModelHistory, passes: list[PassRecord]) -> tuple[int | None, tuple | None]:
@@ -223,35 +161,3 @@ class Interventions:
         return acted_on(passes, last, given).op_index, None
 
 
-def acted_on(passes: list[PassRecord], index: int, given: Any) -> PassRecord:
-    """The op pass an action on pass `index` changes: itself, or for an output of the model
-    the op that made it.
-
-    Raises:
-        InterventionError: an input, buffer or other tensor no op made, or a view's value
-            after an in-place write (name the write instead).
-    """
-    record = passes[index]
-    if record.kind == NodeKind.OUTPUT:
-        parent = record.parents[0].label
-        record = next(p for p in passes if p.label == parent)
-    if record.kind in (NodeKind.OP, NodeKind.CREATED) and "view_written_by" not in record.extra:
-        return record
-    why = ("is a view's value after an in-place write into its base; name the op that wrote it"
-           if "view_written_by" in record.extra else
-           f"is a {record.kind.value} tensor, which no op of the model made; pass the edited "
-           "tensor as input (or edit the model's state) instead")
-    raise InterventionError(f"site {given!r} names pass {record.label!r}, which {why}")
-
-
-def _parts(selector: Selector) -> list[Selector]:
-    found, pending = [], [selector]
-    while pending:
-        item = pending.pop()
-        found.append(item)
-        pending += [getattr(item, name) for name in ("left", "right", "inner") if hasattr(item, name)]
-    return found
-
-
-def exit_part(selector: Selector) -> Selector:
-    return next(p for p in _parts(selector) if isinstance(p, (_Module, _ModuleType)))
