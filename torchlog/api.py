@@ -21,7 +21,6 @@ from torchlog.collector import collector_paused
 from torchlog.errors import (
     CompiledModelWarning,
     InterventionError,
-    InvalidOptionError,
     closest_matches,
     ModelInputError,
     NondeterministicModelError,
@@ -34,6 +33,8 @@ from torchlog.optional import require
 from torchlog.options import LogOptions, merge_options
 from torchlog.records import FailedArg, FailedOp
 from torchlog.seeding import seeded
+from torchlog.sites.planner import Planner, _reached
+from torchlog.sites.probes import PROBES, signature
 from torchlog.sites.resolve import resolve
 
 __all__ = ["log_forward_pass"]
@@ -116,28 +117,57 @@ def log_prepared(request: Request) -> ModelHistory:
 def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistory:
     """`gradient_sink` stores the gradients of the history returned (GradientStore's sink)."""
     started = perf_counter()
-    entries, acting = request.entries, request.acting
-    listed = entries is not None and entries != []
-    if not listed and (acting is None or not acting.needs_probe):
-        capture = request.capture  # save_all is set by prepare
-        if acting is not None:
-            capture = replace(capture, plan=acting.plan(None))
-        return _acted(request, _run(request, capture, started, prune=False, gradient_sink=gradient_sink))
-    # Labels need a pass: a first one saving nothing and acting on nothing (each action
-    # runs once per firing, in the run returned), on which labels, positions and selectors
-    # are resolved.
+    planner = request.acting
+    if planner is None:  # the usual call: save everything (or nothing), act on nothing
+        return _run(request, request.capture, started, prune=False, gradient_sink=gradient_sink)
+    # One pass where everything named can be decided while it runs (guesses are checked
+    # on the finished history); a sink streams what it is given, so it gets no guesses.
+    if not planner.needs_probe and (request.capture.sink is None or not planner.guesses):
+        capture = replace(request.capture, plan=planner.first_plan(),
+                          save_all=request.capture.save_all or planner.save_everything,
+                          save_indices=planner.save_indices)
+        try:
+            return _acted(request, _run(request, capture, started, prune=False, gradient_sink=gradient_sink,
+                                        choose=planner.check))
+        except _GuessMissed:
+            pass  # a loop before a label moved its numbers: resolve on a probe instead
+    return _acted(request, _probed(request, planner, started, gradient_sink))
+
+
+def _probed(request: Request, planner: Planner, started: float, gradient_sink: Callable | None) -> ModelHistory:
+    """The pass with its plan resolved on a probe: the model's probe for this input
+    signature if one is kept (sites/probes.py), else a new one, acting on nothing (each
+    action runs once per firing, in the run returned). A kept probe the run no longer
+    matches is dropped and made again, once."""
+    key = signature(request.model, request.named_modules, request.args, request.kwargs)
     nothing = replace(request.capture, save_all=False, save_indices=frozenset())
-    probe_capture = nothing if acting is None else replace(nothing, plan=acting.probe_plan())
-    probe = _run(request, probe_capture, started, prune=False, on_error="return")
-    plan = None if acting is None else acting.plan(probe)
-    if not listed:
-        capture = replace(request.capture, plan=plan)
-        return _acted(request, _run(request, capture, started, prune=False, gradient_sink=gradient_sink))
-    chosen = _reached(probe, entries) if probe.is_partial else resolve(probe, entries)
-    # A model that raised raises again here (or returns), now with the chosen ops saved.
-    return _acted(request, _run(request, replace(nothing, save_indices=frozenset(chosen), plan=plan),
-                                started, prune=not request.options.keep_unsaved_layers,
-                                expected=probe, gradient_sink=gradient_sink))
+    for attempt in range(2):
+        probe = PROBES.get(request.model, key)
+        kept = probe is not None
+        if probe is None:
+            probe = _run(request, replace(nothing, plan=planner.probe_plan()), started, prune=False,
+                         on_error="return")
+            if not probe.is_partial and probe.stopped_at is None:
+                PROBES.put(request.model, key, probe)
+        plan = planner.plan(probe)
+        entries = planner.entries
+        chosen = None if entries is None else (_reached(probe, entries) if probe.is_partial
+                                               else resolve(probe, entries))
+        capture = replace(request.capture, plan=plan) if entries is None else \
+            replace(nothing, save_indices=frozenset(chosen), plan=plan)
+        try:
+            # A model that raised raises again here (or returns), now with the chosen ops saved.
+            return _run(request, capture, started, prune=entries is not None and not request.options.keep_unsaved_layers,
+                        expected=probe, gradient_sink=gradient_sink)
+        except (InterventionError, NondeterministicModelError) as error:
+            if not kept or attempt or not getattr(error, "torchlog_ops_changed", False):
+                raise
+            PROBES.drop(key)  # the model runs other ops than when it was probed: probe again
+    raise AssertionError("unreachable")
+
+
+class _GuessMissed(Exception):
+    """A first-plan pass guessed a label's node wrong (or saved less than chosen)."""
 
 
 def _acted(request: Request, history: ModelHistory) -> ModelHistory:
@@ -188,28 +218,19 @@ def _log_to_file(request: Request, writer: Any) -> ModelHistory:
     return history
 
 
-def _reached(partial: ModelHistory, entries: list) -> set[int]:
-    """Op indexes the entries select among the ops that ran before the model raised."""
-    chosen: set[int] = set()
-    for entry in entries:
-        try:
-            chosen |= resolve(partial, [entry])
-        except InvalidOptionError:
-            continue  # it may name an op after the failure, which never ran: nothing to save
-    return chosen
-
-
 def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
          expected: ModelHistory | None = None, on_error: str | None = None,
-         gradient_sink: Callable | None = None) -> ModelHistory:
+         gradient_sink: Callable | None = None, choose: Callable | None = None) -> ModelHistory:
     """One captured pass keeping what `capture` asks for, built into a history; re-raises
-    what forward raised (see _partial)."""
+    what forward raised (see _partial). With `choose` (a first plan's check), the history
+    keeps exactly the saved passes it returns, or `_GuessMissed` is raised when it
+    returns None."""
     with collector_paused():
         captured, store = _capture(request, capture, gradient_sink)
         if captured.failure is None:
-            history = _build(request, captured, started, prune, store)
+            history = _build(request, captured, started, prune, store, choose)
         else:
-            history = _partial(request, captured, started, prune, store)
+            history = _partial(request, captured, started, prune, store, choose)
     if captured.failure is not None:
         error, captured = captured.failure.error, None  # see _capture: no cycle through this frame
         # An intervention that could not be done is never a history to return quietly.
@@ -221,15 +242,18 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
         finally:
             del error  # the traceback keeps this frame: it must not keep the error in turn
     if expected is not None and not _same_ops(expected, history):
-        if request.acting is not None:
-            raise InterventionError(
+        if request.acting is not None and request.acting.sites:
+            error = InterventionError(
                 f"the interventions changed which ops {history.model_name} ran after their sites, "
                 "so the layers chosen by layers_to_save in the pass that found them cannot be "
                 "found again; save with layers_to_save='all' (or None) when intervening this way")
-        raise NondeterministicModelError(
-            f"{history.model_name} ran different ops on two passes with random seed "
-            f"{request.seed}, so the layers chosen by layers_to_save cannot be found again; "
-            "save with layers_to_save='all' and pick layers from the result instead")
+        else:
+            error = NondeterministicModelError(
+                f"{history.model_name} ran different ops on two passes with random seed "
+                f"{request.seed}, so the layers chosen by layers_to_save cannot be found again; "
+                "save with layers_to_save='all' and pick layers from the result instead")
+        error.torchlog_ops_changed = True
+        raise error
     return history
 
 
@@ -273,7 +297,7 @@ def _capture(request: Request, capture: CaptureOptions,
 
 
 def _partial(request: Request, captured: CapturedPass, started: float, prune: bool,
-             store: GradientStore | None) -> ModelHistory:
+             store: GradientStore | None, choose: Callable | None = None) -> ModelHistory:
     """The partial history of a pass whose forward raised, set on the error with a note.
 
     Raises:
@@ -284,7 +308,7 @@ def _partial(request: Request, captured: CapturedPass, started: float, prune: bo
     bad_input = _input_error(request, captured, error)
     if bad_input is not None:
         raise bad_input from error
-    history = _build(request, captured, started, prune, store)
+    history = _build(request, captured, started, prune, store, choose)
     error.torchlog_history = history
     error.add_note(_failure_note(history))
     return history
@@ -312,11 +336,29 @@ def _hook_gradients(request: Request, sink: Callable | None) -> GradientStore | 
 
 
 def _build(request: Request, captured: CapturedPass, started: float, prune: bool,
-           store: GradientStore | None = None) -> ModelHistory:
+           store: GradientStore | None = None, choose: Callable | None = None) -> ModelHistory:
     built = assemble(captured)
+    history = _history(request, captured, started, built, built.passes)
+    if choose is not None:
+        kept = choose(history)
+        if kept is None:
+            raise _GuessMissed()
+        for record in built.passes:
+            if record.op_index not in kept:
+                record.saved = None  # saved because a rule could not tell it apart: not chosen
+        prune = request.acting.entries is not None and not request.options.keep_unsaved_layers
     passes = built.passes
     if prune:
         passes = [p for p in passes if p.saved is not None]
+        history = ModelHistory(passes, built.layers, built.modules, history.info)
+    if store is not None:
+        store.attach(passes)  # pruned passes get no gradient
+        history.info.num_gradient_hooks = store.num_hooked
+    return history
+
+
+def _history(request: Request, captured: CapturedPass, started: float, built: Any, passes: list) -> ModelHistory:
+    """The history of `built` holding `passes` (all of them, or the saved ones)."""
     info = RunInfo(
         model_name=type(request.model).__name__,
         random_seed=request.seed,
@@ -325,9 +367,6 @@ def _build(request: Request, captured: CapturedPass, started: float, prune: bool
         all_passes=built.passes,
         activation_postfunc=_name_of(request.options.activation_postfunc),
     )
-    if store is not None:
-        store.attach(passes)  # pruned passes get no gradient
-        info.num_gradient_hooks = store.num_hooked
     if captured.firings or captured.stopped_at is not None:
         info.interventions = intervention_records(captured.firings, built.passes)
         if captured.stopped_at is not None:

@@ -13,7 +13,7 @@ from torch import nn
 from torchlog.capture.options import CaptureOptions
 from torchlog.errors import InvalidArgumentTypeError, ModelInputError, TorchlogWarning
 from torchlog.sites.entries import check_intervene
-from torchlog.sites.planner import Interventions
+from torchlog.sites.planner import Planner
 from torchlog.options import LogOptions
 from torchlog.seeding import new_seed
 
@@ -37,7 +37,9 @@ class Request:
     entries: list | None  # layers_to_save: None = save all; [] = save none
     capture: CaptureOptions  # what every pass of this call keeps, before selection
     named_modules: list = field(default_factory=list)  # one walk of the model, reused
-    acting: Interventions | None = None  # intervene and stop_after against this model
+    # The saves (a layers_to_save list), intervene and stop_after against this model; None
+    # when the call names none of them.
+    acting: Planner | None = None
 
 
 def prepare(model: Any, input_args: Any, input_kwargs: Any, options: LogOptions) -> Request:
@@ -69,8 +71,8 @@ def prepare(model: Any, input_args: Any, input_kwargs: Any, options: LogOptions)
                              profile=options.profile)
     seed = new_seed() if options.random_seed is None else options.random_seed
     acting = None
-    if options.intervene is not None or options.stop_after is not None:
-        acting = Interventions(check_intervene(options.intervene), options.stop_after, named)
+    if entries or options.intervene is not None or options.stop_after is not None:
+        acting = Planner(entries, check_intervene(options.intervene), options.stop_after, named)
     return Request(model, args, input_kwargs, options, seed, entries, capture, named, acting)
 
 

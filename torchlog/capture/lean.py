@@ -8,6 +8,7 @@ still the n-th `linear` inside `fc2`, and its value comes from this same call.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,14 +18,16 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from torchlog.capture.nesting import find_tensors
 
 # The recorder's own rules for which calls are ops: the lean count must match its call_id.
 from torchlog.capture.ops import DESCRIPTIONS, collapse, describe, output_tensors
-from torchlog.capture.plan import Firing, OpPlan, StopCapture, substitute, unfit
+from torchlog.capture.module_acts import ExitActs, exit_refusal
+from torchlog.capture.plan import (Firing, FiringRecord, OpPlan, OpView, StopCapture, deliver, first_difference,
+                                   is_written, run_action)
 from torchlog.errors import InterventionError
+from torchlog.labels import layer_type_of
 
-__all__ = ["LeanPass", "Place", "run_lean", "call_names"]
+__all__ = ["LeanPass", "Place", "call_names", "lean_refusal", "run_lean"]
 
 _Tensor = torch.Tensor
 
@@ -42,7 +45,8 @@ class LeanPass:
     saved: dict[tuple[int, int], torch.Tensor]  # (1-based call number, output index) -> copy
     output: Any  # what forward returned; None when the pass was stopped
     at_places: dict[tuple[Place, int], torch.Tensor] = field(default_factory=dict)  # (place, output index) -> copy
-    stopped: bool = False  # the pass ended after call `stop_call` (forward did not return)
+    stopped: bool = False  # the pass ended at the plan's stop (forward did not return)
+    firings: list[FiringRecord] = field(default_factory=list)  # the plan's actions applied, in order
 
 
 class _LeanMode(TorchFunctionMode):
@@ -57,17 +61,24 @@ class _LeanMode(TorchFunctionMode):
                  places: Mapping[Place, tuple[int, ...]], plan: OpPlan | None = None,
                  stop_call: int | None = None) -> None:
         super().__init__()
-        self.stop_call = stop_call  # the call after which the pass ends, or None
+        plan = plan if plan is not None else OpPlan()
+        self.plan = plan
+        self.stop_call = stop_call if stop_call is not None else plan.stop_call  # end after this call
         self.wanted = wanted
         self.places = places
         self.place_names = frozenset(name for name, _, _ in places)
         self.calls: list[Any] = []
+        self.names: list[str] = []  # op name of every counted call, for the plan's check
         self.saved: dict[tuple[int, int], torch.Tensor] = {}
         self.at_places: dict[tuple[Place, int], torch.Tensor] = {}
         self.expanding: set[Any] = set()  # functionals whose body runs now
         self.count = 0  # calls counted so far
-        self.acts = plan.at_calls if plan is not None else {}  # (call, output) -> actions
+        self.acting = bool(plan.at_calls or plan.at_ops)
+        self.checked = 0  # calls found equal to the plan's logged pass so far
+        self.firings: list[FiringRecord] = []
+        self.acted: dict[int, tuple[int, Any]] = {}  # id(value an op action made) -> (number, site)
         self.modules: list[str] = [""]  # addresses of the modules running now, innermost last
+        self.path: tuple[tuple[str, int], ...] = ()  # (address, call) of the modules running now
         self.num_at: dict[tuple[str, str], int] = {}  # (name, module) -> calls so far
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -80,34 +91,54 @@ class _LeanMode(TorchFunctionMode):
         if entry.body is not None and func not in self.expanding:
             return self._expand(func, entry.body, args, kwargs)
         out = func(*args, **kwargs)
-        if self.acts:
-            out = self._act(func, args, out)
+        if self.acting:
+            out = self._act(func, entry.name, entry.writes_first_arg, args, kwargs, out)
         self._count(func, args, out)
         return out
 
-    def _act(self, func: Any, args: tuple, out: Any) -> Any:
+    def _act(self, func: Any, name: str, writes: bool, args: tuple, kwargs: dict, out: Any) -> Any:
         """Apply the plan's actions to the outputs of the call that just returned (the
         next call number), as the recorder does; return what the model gets."""
-        outs = output_tensors(func, args, out)
-        call = self.count + 1
-        for output_index, (t, _) in enumerate(outs):
-            planned = self.acts.get((call, output_index))
-            if planned is None:
+        plan, call = self.plan, self.count + 1
+        for output_index, (t, _) in enumerate(output_tensors(func, args, out)):
+            planned = plan.at_calls.get((call, output_index)) if plan.at_calls else None
+            index, label, acts = planned if planned is not None else (-1, None, ())
+            if planned is not None:
+                self._check(call, name, label)
+            if plan.at_ops:
+                view = OpView(name, layer_type_of(name), self.path, tuple(t.shape), t.dtype, -1, output_index)
+                found = tuple(rule.act for rule in plan.at_ops if rule.test(view))
+                acts = tuple(sorted(acts + found, key=lambda a: a.number))
+            if not acts:
                 continue
-            index, label, acts = planned
+            written = is_written(t, args, kwargs, writes)
             new = t
             for act in acts:
-                new = act.action(new, Firing(act.site, index, describe(func).name, None, label))
-                problem = unfit(new, t)
-                if problem is not None:
-                    raise InterventionError(
-                        f"the action {act.action!r} of site {act.site!r} {problem} at {label!r}; an "
-                        "action must return a tensor of the value's shape, dtype and device")
-            if any(t is a for a in args):  # an in-place op: the edit goes where it wrote
-                t.copy_(new)
-            else:
-                out = substitute(out, t, new)
+                new, record = run_action(act, new, Firing(act.site, index, name, None, label),
+                                         written and new is t)
+                self.firings.append(record)
+            out = deliver(out, t, new, written)
+            self.acted[id(t if written else new)] = (acts[-1].number, acts[-1].site)
         return out
+
+    def _check(self, call: int, name: str, label: str | None) -> None:
+        """Refuse to act at call `call` unless this pass ran the logged pass's calls up to it."""
+        expected = self.plan.expected_calls
+        if not expected:
+            return
+        ran = self.names[self.checked:] + [name]
+        k = first_difference(expected[self.checked:call], ran)
+        if k is not None:
+            position = self.checked + k
+            then = repr(expected[position]) if position < len(expected) else "nothing"
+            error = InterventionError(
+                f"this pass ran other ops than the logged pass its sites were found in: call "
+                f"{position + 1} is {ran[k]!r} where that pass had {then} (before {label!r}), so no "
+                "action was applied to a possibly wrong op; use a module address or a torchlog.select "
+                "selector, which are found while the pass runs")
+            error.torchlog_ops_changed = True
+            raise StopCapture(error)
+        self.checked = call
 
     def _count(self, func: Any, args: tuple, out: Any) -> None:
         outs = [t for t, _ in output_tensors(func, args, out)]
@@ -116,6 +147,8 @@ class _LeanMode(TorchFunctionMode):
         self.calls.append(func)
         if len(outs) != 1:
             self.calls.append(len(outs))
+        if self.acting:
+            self.names.append(describe(func).name)
         self.count += 1
         wanted = self.wanted.get(self.count)
         if wanted is not None:
@@ -126,6 +159,11 @@ class _LeanMode(TorchFunctionMode):
             self._count_place(func, outs, wanted)
         if self.count == self.stop_call:
             raise StopCapture()
+        stop_on = self.plan.stop_on
+        if stop_on is not None:
+            with torch._C.DisableTorchFunction():  # the test's own ops are not the model's
+                if any(stop_on(t) for t in outs):
+                    raise StopCapture()
 
     def _count_place(self, func: Any, outs: list, wanted: tuple[int, ...] | None) -> None:
         """Number this call among the calls of its function in its module; copy it when its
@@ -200,11 +238,20 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
         >>> call_names(seen.calls), seen.saved[(2, 0)].shape
         (['linear', 'relu'], torch.Size([1, 3]))
     """
+    refused = lean_refusal(plan) if plan is not None else None
+    if refused is not None:
+        raise InterventionError(f"the lean capture cannot honour this plan: {refused}")
     mode = _LeanMode(wanted, places or {}, plan, stop_call)
-    handles = _follow_modules(model, mode, named_modules) if places else ()
+    follow = bool(places) or (plan is not None and bool(plan.at_ops))
+    handles = _follow_modules(model, mode, named_modules) if follow else ()
+    exits = None
+    if plan is not None and (plan.at_exits or plan.stop_exit):
+        exits = ExitActs(plan, dict(model.named_modules() if named_modules is None else named_modules))
     output, stopped = None, False
     try:
-        with mode:
+        with mode, (exits if exits is not None else contextlib.nullcontext()):
+            if exits is not None:  # one order of firings, one table of values acted on
+                exits.firings, exits.acted = mode.firings, mode.acted
             output = model(*args, **kwargs)
     except StopCapture as stop:
         if stop.error is not None:
@@ -213,24 +260,46 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
     finally:
         for handle in handles:
             handle.remove()
-    return LeanPass(mode.calls, mode.saved, output, mode.at_places, stopped)
+    return LeanPass(mode.calls, mode.saved, output, mode.at_places, stopped, mode.firings)
+
+
+def lean_refusal(plan: OpPlan) -> str | None:
+    """Why the lean capture cannot honour `plan` (the field and the site), or None: it numbers
+    calls, not passes, so it cannot test a pass's position nor guess a label's node, and it
+    saves by call position only (`wanted`, `places`), not by the plan's saving fields."""
+    for rule in plan.at_ops:
+        if rule.uses_position:
+            return (f"at_ops: site {rule.act.site!r} may read the op's position (a `where` predicate), "
+                    "which only the full capture numbers; log the pass instead")
+    if plan.at_nodes:
+        return "at_nodes: label sites guessed by node index need the full capture; resolve them to calls first"
+    if plan.save_exits or plan.save_ops:
+        return "save_exits/save_ops: the lean capture saves by call position; pass `wanted` instead"
+    if plan.stop_node is not None and plan.stop_call is None:
+        return f"stop_node: node {plan.stop_node} has no call number (stop_call) in the plan"
+    return exit_refusal(plan)
 
 
 def _follow_modules(model: nn.Module, mode: _LeanMode, named_modules: list | None) -> tuple:
-    """Global module hooks keeping `mode.modules` the stack of this model's modules running."""
+    """Global module hooks keeping `mode.modules` the stack of this model's modules running
+    (and `mode.path` their (address, call number) pairs, numbered as the recorder does)."""
     addresses: dict[int, str] = {}
     for address, module in model.named_modules() if named_modules is None else named_modules:
         addresses.setdefault(id(module), address)
     stack = mode.modules
+    calls: dict[str, int] = {}
 
     def enter(module: nn.Module, _: Any) -> None:
         address = addresses.get(id(module))
-        if address is not None:
+        if address:
             stack.append(address)
+            calls[address] = calls.get(address, 0) + 1
+            mode.path = mode.path + ((address, calls[address]),)
 
     def leave(module: nn.Module, _: Any, __: Any) -> None:
-        if id(module) in addresses and len(stack) > 1:
+        if addresses.get(id(module)) and len(stack) > 1:
             stack.pop()
+            mode.path = mode.path[:-1]
 
     return (register_module_forward_pre_hook(enter),
             register_module_forward_hook(leave, always_call=True))

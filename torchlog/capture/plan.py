@@ -10,15 +10,18 @@ nothing more than one attribute test per op.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
+from torchlog.errors import InterventionError
 
-__all__ = ["Act", "OpView", "ExitRule", "Firing", "OpPlan", "OpRule", "StopCapture", "max_change", "out_of_order",
-           "substitute", "unfit"]
+
+__all__ = ["Act", "ExitRule", "Firing", "FiringRecord", "OpPlan", "OpRule", "OpView", "StopCapture",
+           "deliver", "first_difference", "is_written", "max_change", "out_of_order", "run_action",
+           "substitute", "unfit", "unreachable"]
 
 
 class OpView(NamedTuple):
@@ -50,6 +53,18 @@ class Firing(NamedTuple):
     func_name: str  # the op that produced the value
     module_call: tuple[str, int] | None  # (address, call) when it fires on a module's output
     label: str | None  # the pass label, when known before the pass (label sites)
+    # For a module site: (which tensor of the module's return value, how many it returned).
+    module_output: tuple[int, int] | None = None
+
+
+class FiringRecord(NamedTuple):
+    """One action applied during a pass."""
+
+    number: int  # the (site, action) pair's position in `intervene`
+    firing: Firing  # where it fired
+    action: Any  # the action applied
+    max_abs_change: Any  # largest absolute change it made (NaN-aware): a 0-d tensor, read after the pass
+    before: Any = None  # the value before the action (summarised once the pass is over)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +82,9 @@ class OpRule:
 
     test: Callable[[OpView], bool]
     act: Act
+    # Whether the test may read the op's position (`where` predicates): an executor that
+    # does not number every pass (the lean capture) refuses such a rule.
+    uses_position: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +94,7 @@ class ExitRule:
     call: int | None  # the call number it acts on; None: every call
     test: Callable[[OpView], bool] | None  # an op-stage condition on the output's op, or None
     act: Act
+    output: int = 0  # which tensor of the returned structure, in `find_tensors` order
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,15 +109,30 @@ class OpPlan:
     # `at_calls` site (and up to `stop_node`) before acting on it.
     expected: tuple[str, ...] = ()
     stop_node: int | None = None  # end the pass once this node is recorded
+    # With a guessed stop (a label's node index, no logged pass to check against): the
+    # layer type that node must have, else the pass does not stop there.
+    stop_type: str | None = None
     stop_exit: tuple[str, int] | None = None  # end the pass once this module call returns
     # End the pass once the first op one of whose output tensors this accepts is recorded,
     # decided as the pass runs (find_nonfinite's stop at the first NaN or Inf).
     stop_on: Callable[[torch.Tensor], bool] | None = None
+    # The logged pass's op names by call number (from 1; `expected` is by node index): what
+    # an executor that counts calls, not nodes, checks before acting at `at_calls`.
+    expected_calls: tuple[str, ...] = ()
+    stop_call: int | None = None  # `stop_node` as a call number, for executors that count calls
+    # Saving decided while the pass runs: the outputs of these module calls (address ->
+    # call numbers, () for every call), and of the ops these tests accept.
+    save_exits: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    save_ops: tuple[Callable[[OpView], bool], ...] = ()
+    # Label sites guessed while the pass runs, for a model with no loop before them:
+    # node index -> (layer type the label names, acts). The API checks on the finished
+    # history that each label names the node acted on, else runs the pass again.
+    at_nodes: Mapping[int, tuple[str, tuple[Act, ...]]] = field(default_factory=dict)
 
     @property
     def acts(self) -> bool:
         """Whether the plan changes any value (a plan may only stop)."""
-        return bool(self.at_calls or self.at_ops or self.at_exits)
+        return bool(self.at_calls or self.at_ops or self.at_exits or self.at_nodes)
 
 
 class StopCapture(BaseException):
@@ -179,3 +213,91 @@ def max_change(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor | float:
         diff = (b - a).abs()
         same = (a == b) | (a.isnan() & b.isnan())  # an unchanged NaN or infinity changed nothing
         return diff.masked_fill(same, 0).max()
+
+
+def is_written(t: torch.Tensor, args: tuple, kwargs: Mapping, writes_first_arg: bool) -> bool:
+    """Whether op output `t` is memory the op wrote into (an in-place name, `out=`,
+    `inplace=True`, `t[i] = v`, `t.data = v`, a write through a view): the model may hold
+    that tensor and never read the op's result, so an edit must be written into it."""
+    return writes_first_arg or "out" in kwargs or any(t is a for a in args)
+
+
+def deliver(out: Any, t: torch.Tensor, new: torch.Tensor, written: bool) -> Any:
+    """What the model gets from an op that returned `out`, once its output `t` is edited to
+    `new`: `out` itself with `new` written into `t` (an op that wrote into `t`), else `out`
+    with `t` replaced by `new`. Every executor edits an op's output this way."""
+    if new is t:
+        return out
+    if written:
+        with torch._C.DisableTorchFunction():  # the write is the action's, not a model op
+            t.copy_(new)
+        return out
+    return substitute(out, t, new)
+
+
+def run_action(act: Act, value: torch.Tensor, firing: Firing, overwritten: bool = False) -> tuple[torch.Tensor, FiringRecord]:
+    """`act`'s action on `value`, checked, with the record of its firing (`value` as it was:
+    a copy when `overwritten`, because the edit will be written into it). The action runs
+    with torch functions disabled: its ops are not the model's.
+
+    Raises:
+        StopCapture: carrying an InterventionError naming the site, the action and the op
+            when the action raised or returned something other than a tensor of `value`'s
+            shape, dtype and device.
+    """
+    where = f"at op {firing.op_index} ({firing.func_name!r}"
+    if firing.module_call:
+        where += f", output {_output_text(firing)} of {firing.module_call[0]}:{firing.module_call[1]}"
+    where += ")"
+    if firing.label is not None:
+        where += f", pass {firing.label!r}"
+    with torch._C.DisableTorchFunction():
+        try:
+            new = act.action(value, firing)
+        except Exception as exc:
+            error = InterventionError(f"the action {act.action!r} of site {act.site!r} raised "
+                                      f"{type(exc).__name__} {where}: {exc}")
+            error.__cause__ = exc
+            error.torchlog_op_index = firing.op_index
+            raise StopCapture(error) from exc
+        problem = unfit(new, value)
+        if problem is not None:
+            error = InterventionError(f"the action {act.action!r} of site {act.site!r} {problem} {where}; "
+                                      "an action must return a tensor of the value's shape, dtype and device")
+            error.torchlog_op_index = firing.op_index
+            raise StopCapture(error)
+        before = value.detach().clone() if overwritten else value.detach()
+        return new, FiringRecord(act.number, firing, act.action, max_change(value, new), before)
+
+
+def first_difference(expected: Sequence[str], ran: Sequence[str], start: int = 0,
+                     stop: int | None = None) -> int | None:
+    """The first position in [start, stop) where the op names `ran` differ from those a plan
+    `expected` (a name missing on either side counts), or None: how every executor and the
+    API check that a run made the ops its plan was built on.
+
+    Example:
+        >>> first_difference(["linear", "relu"], ["linear", "gelu"]), first_difference(["a"], ["a"])
+        (1, None)
+    """
+    stop = max(len(expected), len(ran)) if stop is None else stop
+    for k in range(start, stop):
+        if k >= len(expected) or k >= len(ran) or expected[k] != ran[k]:
+            return k
+    return None
+
+
+def _output_text(firing: Firing) -> str:
+    """'0 of 3': which of a module call's returned tensors a firing acted on."""
+    index, count = firing.module_output or (0, 1)
+    return f"{index} of {count}"
+
+
+def unreachable(site: Any, module_call: tuple[str, int], index: int, count: int, kind: str) -> str:
+    """Why an action on a module's output cannot be delivered: the returned structure is a
+    container torchlog cannot rebuild with the new tensor in it."""
+    address, call = module_call
+    return (f"site {site!r}: the action changed output {index} of {count} of {address}:{call}, but "
+            f"{address!r} returns a {kind} torchlog cannot rebuild with the new tensor in it, so the "
+            "change would never reach the model; name the op that made that tensor instead (its label, "
+            "or a torchlog.select.func selector inside the module)")

@@ -5,7 +5,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter_ns
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,10 +18,10 @@ from torchlog.capture.functionals import run_expanded
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
-from torchlog.capture.plan import Act, Firing, StopCapture, max_change, out_of_order, substitute, unfit
+from torchlog.capture.plan import (Act, Firing, FiringRecord, OpView, StopCapture, deliver, first_difference,
+                                   is_written, out_of_order, run_action, substitute, unreachable)
 from torchlog.errors import InterventionError
 from torchlog.labels import layer_type_of
-from torchlog.capture.plan import OpView
 from torchlog.capture.profile import OpProfiler
 from torchlog.capture.rng import rng_state
 from torchlog.capture.transfer import DeviceCopier
@@ -31,15 +31,6 @@ from torchlog.records import ParamInfo, TensorMeta
 
 __all__ = ["FiringRecord", "PASS_THROUGH", "Recorder"]
 
-
-class FiringRecord(NamedTuple):
-    """One action applied during a pass."""
-
-    number: int  # the (site, action) pair's position in `intervene`
-    firing: Firing  # where it fired
-    action: Any  # the action applied
-    max_abs_change: Any  # largest absolute change it made (NaN-aware): a 0-d tensor, read after the pass
-    before: Any = None  # the value before the action (summarised once the pass is over)
 
 _Tensor = torch.Tensor
 _SETITEM = SETITEM
@@ -202,11 +193,15 @@ class Recorder:
         plan = self._plan = options.plan
         self._acting_ops = plan is not None and bool(plan.at_calls or plan.at_ops)
         self._act_calls = frozenset(call for call, _ in plan.at_calls) if plan is not None else frozenset()
+        self._act_nodes = frozenset(plan.at_nodes) if plan is not None else frozenset()
+        self._save_tests = plan.save_ops if plan is not None else ()
+        self._acting_ops = self._acting_ops or bool(self._act_nodes)
         self._stopping = plan is not None and (plan.stop_node is not None or plan.stop_on is not None)
-        self._acting_exits = plan is not None and bool(plan.at_exits or plan.stop_exit)
+        self._acting_exits = plan is not None and bool(plan.at_exits or plan.stop_exit or plan.save_exits)
         self.firings: list[FiringRecord] = []  # every action applied, in order
         self.stopped_at: int | None = None  # the node after which the pass was stopped
         self._checked = 0  # nodes found equal to the plan's logged pass so far
+        self._stop_missed = False  # a guessed stop node turned out to be another op
 
     def _make_forget(self) -> Callable[[_TensorRef], None]:
         producer = self.producer
@@ -245,15 +240,22 @@ class Recorder:
             self.options.on_node(node, t)
         return node
 
-    def _maybe_save(self, node: RawNode, t: torch.Tensor) -> None:
+    def _maybe_save(self, node: RawNode, t: torch.Tensor, force: bool = False) -> None:
         opts = self.options
-        if opts.save_all or node.index in opts.save_indices:
+        if force or opts.save_all or node.index in opts.save_indices or (
+                self._save_tests and node.kind == "op" and self._chosen_by_test(node)):
             # Inputs and buffers are copied: kernels change buffers unannounced (batch norm's
             # running stats), and the model's buffers are put back in place after the pass.
             if node.kind != "op" or id(t) in self.buffer_addresses:
                 self._save_copy(node, t)
             else:
                 self._save(node, t)
+
+    def _chosen_by_test(self, node: RawNode) -> bool:
+        """Whether one of the plan's saving tests (op-stage selectors) accepts `node`."""
+        view = OpView(node.func_name, _layer_type(node.func_name), node.module_path,
+                      node.meta.shape, node.meta.dtype, node.index, node.output_index)
+        return any(test(view) for test in self._save_tests)
 
     def _save(self, node: RawNode, t: torch.Tensor, version: int | None = None) -> None:
         """Save `t` by reference where nothing needs a copy now (see `before_write`);
@@ -744,16 +746,19 @@ class Recorder:
         """Apply the plan's actions to the outputs of the op that just returned (its node is
         next); return what the model gets in place of `out`."""
         plan, call = self._plan, self._call_count + 1
-        if not plan.at_ops and call not in self._act_calls:
+        base = len(self.nodes)
+        if not plan.at_ops and call not in self._act_calls and base not in self._act_nodes:
             return out
         outs = ((out, ()),) if type(out) is _Tensor else output_tensors(func, args, out)
-        base = len(self.nodes)
         for output_index, (t, _) in enumerate(outs):
             index, label, acts = base + output_index, None, ()
             planned = plan.at_calls.get((call, output_index)) if plan.at_calls else None
             if planned is not None:
                 expected, label, acts = planned
                 self._check_ops(expected, index, name)
+            guessed = plan.at_nodes.get(index) if plan.at_nodes else None
+            if guessed is not None and guessed[0] == _layer_type(name):
+                acts = tuple(sorted(acts + guessed[1], key=_act_number))
             if plan.at_ops:
                 view = _new(OpView, (name, _layer_type(name), self.module_stack, tuple(t.shape),
                                      t.dtype, index, output_index))
@@ -763,42 +768,62 @@ class Recorder:
             if not acts:
                 continue
             new = t
-            inplace = writes or "out" in kwargs or any(t is a for a in args)
+            written = is_written(t, args, kwargs, writes)
             for act in acts:
-                new = self._apply(act, new, Firing(act.site, index, name, None, label), inplace and new is t)
-            if inplace:
-                # The op wrote into a tensor the model holds and may not use its result:
-                # the edit goes where the op wrote.
-                with torch._C.DisableTorchFunction():
-                    t.copy_(new)
-            else:
-                out = substitute(out, t, new)
+                new = self._apply(act, new, Firing(act.site, index, name, None, label), written and new is t)
+            if written and new is not t and (self._by_storage or self._copier is not None):
+                self.before_write((t,))  # values saved from this memory keep what they held
+            out = deliver(out, t, new, written)
         return out
 
     def _act_on_exit(self, call: tuple[str, int], output: Any, returned: list[int]) -> Any:
-        """Apply the plan's actions on module call `call`'s output (the first tensor it
-        returned, the one `history[address]` finds); stop after it if the plan says so."""
+        """Apply the plan's actions on module call `call`'s output (each rule on the tensor it
+        names, the first by default: the one `history[address]` finds); save the returned
+        values the plan asks for; stop after the call if the plan says so."""
         plan = self._plan
         rules = plan.at_exits.get(call[0]) if plan.at_exits else None
         if rules and returned:
-            index = returned[0]
-            node = self.nodes[index]
-            view = OpView(node.func_name, _layer_type(node.func_name), node.module_path,
-                          node.meta.shape, node.meta.dtype, index, node.output_index)
-            acts = [r.act for r in rules if (r.call is None or r.call == call[1])
-                    and (r.test is None or r.test(view))]
-            if acts:
-                self._check_order(acts, index, call)
-                old = find_tensors(output)[0][0]
-                new = old
-                for act in acts:
-                    new = self._apply(act, new, Firing(act.site, index, node.func_name, call, None))
-                output = substitute(output, old, new)
-                self._adopt(node, new)
+            for output_index in sorted({r.output for r in rules}):
+                output = self._act_on_output(call, output, returned, output_index, rules)
+        saves = plan.save_exits.get(call[0]) if plan.save_exits else None
+        if saves is not None and (not saves or call[1] in saves):
+            for index, (t, _) in zip(returned, find_tensors(output)):
+                node = self.nodes[index]
+                if node.saved is None:
+                    self._maybe_save(node, t, force=True)
         if plan.stop_exit == call:
             self.stopped_at = returned[-1] if returned else len(self.nodes) - 1
             raise StopCapture()
         return output
+
+    def _act_on_output(self, call: tuple[str, int], output: Any, returned: list[int],
+                       output_index: int, rules: tuple) -> Any:
+        """The module's return value with its `output_index`-th tensor edited by the rules
+        naming it (an error when it has no such tensor, or one the edit cannot reach)."""
+        if output_index >= len(returned):
+            raise StopCapture(InterventionError(
+                f"site {rules[0].act.site!r} names output {output_index} of {call[0]}:{call[1]}, which "
+                f"returned {len(returned)} tensor(s); name output 0..{len(returned) - 1}"))
+        index = returned[output_index]
+        node = self.nodes[index]
+        view = OpView(node.func_name, _layer_type(node.func_name), node.module_path,
+                      node.meta.shape, node.meta.dtype, index, node.output_index)
+        acts = [r.act for r in rules if r.output == output_index and (r.call is None or r.call == call[1])
+                and (r.test is None or r.test(view))]
+        if not acts:
+            return output
+        self._check_order(acts, index, call)
+        old = find_tensors(output)[output_index][0]
+        new = old
+        shape = (output_index, len(returned))
+        for act in acts:
+            new = self._apply(act, new, Firing(act.site, index, node.func_name, call, None, shape))
+        replaced = substitute(output, old, new)
+        if new is not old and not any(t is new for t, _ in find_tensors(replaced)):
+            raise StopCapture(InterventionError(unreachable(acts[0].site, call, output_index, len(returned),
+                                                            type(output).__name__)))
+        self._adopt(node, new)
+        return replaced
 
     def _check_order(self, acts: list[Act], index: int, call: tuple[str, int]) -> None:
         """Refuse exit actions listed before an action that already changed the same value
@@ -811,31 +836,9 @@ class Recorder:
                     first.site, fired.firing.site, index, self.nodes[index].func_name, call)))
 
     def _apply(self, act: Act, value: torch.Tensor, firing: Firing, overwritten: bool = False) -> torch.Tensor:
-        """`act`'s action on `value`, checked, and noted in `firings` with `value` as it was
-        (a copy when `overwritten`: the edit will be written into it).
-
-        Raises:
-            StopCapture: carrying an InterventionError when the action raised or returned
-                something other than a tensor of `value`'s shape, dtype and device.
-        """
-        where = f"at op {firing.op_index} ({firing.func_name!r}"
-        where += f", output of {firing.module_call[0]}:{firing.module_call[1]})" if firing.module_call else ")"
-        with torch._C.DisableTorchFunction():  # the action's own ops are not the model's
-            try:
-                new = act.action(value, firing)
-            except Exception as exc:
-                error = InterventionError(
-                    f"the action {act.action!r} of site {act.site!r} raised {type(exc).__name__} "
-                    f"{where}: {exc}")
-                error.__cause__ = exc
-                raise StopCapture(error) from exc
-            problem = unfit(new, value)
-            if problem is not None:
-                raise StopCapture(InterventionError(
-                    f"the action {act.action!r} of site {act.site!r} {problem} {where}; an action "
-                    "must return a tensor of the value's shape, dtype and device"))
-            before = value.detach().clone() if overwritten else value.detach()
-            self.firings.append(FiringRecord(act.number, firing, act.action, max_change(value, new), before))
+        """`act`'s action on `value` (capture/plan.py's `run_action`), noted in `firings`."""
+        new, record = run_action(act, value, firing, overwritten)
+        self.firings.append(record)
         return new
 
     def _adopt(self, node: RawNode, new: torch.Tensor) -> None:
@@ -859,10 +862,11 @@ class Recorder:
 
     def _check_ops(self, expected: int, index: int, name: str) -> None:
         """Refuse to act unless this pass ran the logged pass's ops up to node `index`."""
-        names, nodes = self._plan.expected, self.nodes
-        for k in range(self._checked, min(index, len(nodes))):
-            if k >= len(names) or nodes[k].func_name != names[k]:
-                self._refuse(k, nodes[k].func_name)
+        names, upto = self._plan.expected, min(index, len(self.nodes))
+        ran = [node.func_name for node in self.nodes[self._checked:upto]]
+        k = first_difference(names[self._checked:upto], ran)
+        if k is not None:
+            self._refuse(self._checked + k, ran[k] if k < len(ran) else name)
         if index != expected or (index < len(names) and names[index] != name):
             self._refuse(index, name)
         self._checked = index
@@ -870,20 +874,27 @@ class Recorder:
     def _refuse(self, index: int, name: str) -> None:
         names = self._plan.expected
         then = repr(names[index]) if index < len(names) else "nothing"
-        raise StopCapture(InterventionError(
+        error = InterventionError(
             f"this pass ran other ops than the logged pass its label sites were found in: op "
             f"{index} is {name!r} where that pass had {then}, so no action was applied to a "
             "possibly wrong op; the model's ops depend on something besides its inputs and "
             "seed (state, or an earlier intervention changing control flow). Use a module "
-            "address or a torchlog.select selector, which are found while the pass runs"))
+            "address or a torchlog.select selector, which are found while the pass runs")
+        error.torchlog_ops_changed = True
+        raise StopCapture(error)
 
     def _stop_if_due(self, out: Any) -> None:
         """End the pass if the op that returned `out` (its nodes just recorded) is where the
         plan stops: its `stop_node`, or the first op with an output `stop_on` accepts."""
         plan = self._plan
         stop = plan.stop_node
-        if stop is not None and len(self.nodes) > stop:
-            self._check_ops(stop, stop, self.nodes[stop].func_name)
+        if stop is not None and len(self.nodes) > stop and not self._stop_missed:
+            if plan.stop_type is not None:  # a guess: stop only where it holds
+                if _layer_type(self.nodes[stop].func_name) != plan.stop_type:
+                    self._stop_missed = True  # the API finds out on the finished history
+                    return
+            else:
+                self._check_ops(stop, stop, self.nodes[stop].func_name)
             self.stopped_at = stop
             raise StopCapture()
         if plan.stop_on is not None:

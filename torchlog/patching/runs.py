@@ -1,9 +1,10 @@
 """Patched runs: the corrupted input run with clean values written into chosen passes, as cheaply as possible.
 
-A pass that is a module call's output is patched by a forward hook on that module (the
-way a plain-PyTorch user would, and the cheapest); any other pass by the lean capture,
-which counts ops as capture numbers them and replaces the output of the chosen calls
-(`capture/lean.py`). Hooks are removed and the mode popped however the run ends.
+The edits become one OpPlan (capture/plan.py): a pass that is a module call's output is
+an exit rule, honoured by forward hooks alone when nothing else is edited (the way a
+plain-PyTorch user would, and the cheapest: capture/module_acts.py); any other pass is a
+call position, honoured by the lean capture (capture/lean.py), which then also honours
+the exit rules. Hooks are removed and the mode popped however the run ends.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 from torch import nn
 
 from torchlog.capture.lean import run_lean
-from torchlog.capture.nesting import find_tensors
-from torchlog.capture.plan import Act, Firing, OpPlan, substitute
+from torchlog.capture.module_acts import ExitActs
+from torchlog.capture.plan import Act, ExitRule, Firing, OpPlan, StopCapture
 from torchlog.errors import InterventionError
 from torchlog.patching.prefix import Prefix
 from torchlog.records import PassRecord
@@ -57,23 +58,23 @@ def run_patched(model: nn.Module, args: tuple, kwargs: dict, edits: Sequence[Edi
             times, or ran fewer ops), or an edit's value does not fit.
         Whatever the model raises.
     """
-    by_module: dict[str, dict[int, list[Edit]]] = {}
+    by_module: dict[tuple[str, int], list[Edit]] = {}
     by_call: dict[tuple[int, int], list[Edit]] = {}
     for edit in edits:
         if edit.target.module_call is not None:
-            address, call = edit.target.module_call
-            by_module.setdefault(address, {}).setdefault(call, []).append(edit)
+            by_module.setdefault(edit.target.module_call, []).append(edit)
         else:
             by_call.setdefault(edit.target.call, []).append(edit)
     reached: set[int] = set()
-    handles = [named_modules[address].register_forward_hook(_hook(calls, reached))
-               for address, calls in by_module.items()]
-    try:
-        with prefix.serving(reached) if prefix is not None else contextlib.nullcontext():
-            output = _run(model, args, kwargs, by_call, reached, calls)
-    finally:
-        for handle in handles:
-            handle.remove()
+    exits: dict[str, tuple[ExitRule, ...]] = {}
+    for (address, call), found in by_module.items():
+        rule = ExitRule(call, None, Act(0, found[0].target.site, _action(found, reached, None)))
+        exits[address] = exits.get(address, ()) + (rule,)
+    plan = OpPlan(at_calls={position: (found[0].target.record.op_index, found[0].target.record.label,
+                                       (Act(0, found[0].target.site, _action(found, reached, found[0])),))
+                            for position, found in by_call.items()}, at_exits=exits)
+    with prefix.serving(reached) if prefix is not None else contextlib.nullcontext():
+        output = _run(model, args, kwargs, plan, named_modules, calls)
     missing = [edit for edit in edits if id(edit) not in reached]
     if missing:
         record = missing[0].target.record
@@ -83,55 +84,35 @@ def run_patched(model: nn.Module, args: tuple, kwargs: dict, edits: Sequence[Edi
     return output
 
 
-def _run(model: nn.Module, args: tuple, kwargs: dict, by_call: dict[tuple[int, int], list[Edit]],
-         reached: set[int], calls: list | None) -> Any:
-    """The forward: plain (module hooks do the edits) or lean, editing the calls `by_call`
-    names and appending its calls to `calls`."""
-    if not by_call and calls is None:
-        return model(*args, **kwargs)
-    plan = OpPlan(at_calls={position: (edits[0].target.record.op_index, edits[0].target.record.label,
-                                       (Act(0, edits[0].target.site, _lean_action(edits, reached)),))
-                            for position, edits in by_call.items()})
-    lean = run_lean(model, args, kwargs, {}, plan=plan)
+def _run(model: nn.Module, args: tuple, kwargs: dict, plan: OpPlan, named_modules: dict[str, nn.Module],
+         calls: list | None) -> Any:
+    """The forward: plain with the plan's module hooks (only module outputs edited, no call
+    list asked for), else the lean capture, appending its calls to `calls`."""
+    if not plan.at_calls and calls is None:
+        try:
+            with ExitActs(plan, named_modules):
+                return model(*args, **kwargs)
+        except StopCapture as stop:
+            raise stop.error from None
+    lean = run_lean(model, args, kwargs, {}, plan=plan, named_modules=list(named_modules.items()))
     if calls is not None:
         calls.extend(lean.calls)
     return lean.output
 
 
-def _hook(calls: dict[int, list[Edit]], reached: set[int]) -> Callable:
-    seen = [0]
-
-    def patch(module: nn.Module, args: Any, output: Any) -> Any:
-        seen[0] += 1
-        edits = calls.get(seen[0])
-        if not edits:
-            return None
-        tensors = find_tensors(output)
-        if not tensors:
-            return None
-        old = new = tensors[0][0]
-        # Reached first: from here on a prefix serves nothing. Under the lean capture or a
-        # prefix, a patch's ops are not the model's.
-        reached.update(id(edit) for edit in edits)
-        with torch._C.DisableTorchFunction():
-            for edit in edits:
-                new = edit.fn(new)
-        return substitute(output, old, new)
-
-    return patch
-
-
-def _lean_action(edits: list[Edit], reached: set[int]) -> Callable[[torch.Tensor, Firing], torch.Tensor]:
+def _action(edits: list[Edit], reached: set[int], at_op: Edit | None) -> Callable[[torch.Tensor, Firing], torch.Tensor]:
+    """One action applying `edits` in order and noting them reached; at an op (`at_op`),
+    first checking that the call there is the op the clean run made."""
     def act(value: torch.Tensor, firing: Firing) -> torch.Tensor:
-        record = edits[0].target.record
-        if firing.func_name != record.func_name:  # a call number that moved: never the wrong op
+        if at_op is not None and firing.func_name != at_op.target.record.func_name:
+            record = at_op.target.record  # a call number that moved: never the wrong op
             raise InterventionError(
                 f"the patched run's call at {record.label!r}'s position is {firing.func_name!r}, not "
                 f"{record.func_name!r}: the run's ops differ from the clean run's before it")
+        # Reached first: from here on a prefix serves nothing.
         reached.update(id(edit) for edit in edits)
-        with torch._C.DisableTorchFunction():
-            for edit in edits:
-                value = edit.fn(value)
+        for edit in edits:
+            value = edit.fn(value)
         return value
 
     return act

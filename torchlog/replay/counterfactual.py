@@ -16,7 +16,7 @@ from torchlog.capture.nodes import OP_CONTEXT_KEY
 from torchlog.capture.ops import describe
 from torchlog.capture.plan import Act, Firing, unfit
 from torchlog.capture.plan import max_change, out_of_order
-from torchlog.capture.recorder import FiringRecord
+from torchlog.capture.plan import FiringRecord
 from torchlog.capture.rng import rng_restored
 from torchlog.capture.writes import returns_nothing_but_writes
 from torchlog.errors import (InterventionError, InvalidArgumentTypeError, InvalidOptionError,

@@ -173,19 +173,35 @@ class _Where(Selector):
 class _Module(Selector):
     stage = "exit"
 
-    def __init__(self, address: str, call: int | None = None) -> None:
-        self.address, self.call = address, call
+    def __init__(self, address: str, call: int | None = None, output: int | None = None) -> None:
+        self.address, self.call, self.output = address, call, output
 
     def exit_test(self, types: dict[str, str]) -> Callable[[str, int], bool]:
         address, call = self.address, self.call
         return lambda a, c: a == address and (call is None or c == call)
 
+    def passes_in(self, history: ModelHistory) -> set[int]:
+        if self.output is None:
+            return super().passes_in(history)
+        module = history.modules.get(self.address)
+        calls = module.call_outputs if module is not None else ()
+        everything = history.info.all_passes
+        by_label = {p.label: p for p in (history.passes if everything is None else everything)}
+        return {by_label[returned[self.output]].op_index for number, returned in enumerate(calls, 1)
+                if (self.call is None or number == self.call) and self.output < len(returned)
+                and returned[self.output] in by_label}
+
     def _matches_record(self, record: PassRecord, history: ModelHistory) -> bool:
+        if self.output is not None:
+            return record.op_index in self.passes_in(history)
         return any(a == self.address and (self.call is None or c == self.call)
                    for a, c in _outputs_of(record))
 
     def __repr__(self) -> str:
-        return f"module({self.address!r})" if self.call is None else f"module({self.address!r}, {self.call})"
+        args = [repr(self.address)] + ([str(self.call)] if self.call is not None else [])
+        if self.output is not None:
+            args.append(f"output={self.output}")
+        return f"module({', '.join(args)})"
 
 
 class _ModuleType(Selector):
@@ -299,11 +315,20 @@ def in_module(address: str) -> Selector:
     return _InModule(_text(address, "in_module"))
 
 
-def module(address: str, call: int | None = None) -> Selector:
-    """The passes that are module `address`'s outputs: of every call, or of call `call` (1-based)."""
+def module(address: str, call: int | None = None, output: int | None = None) -> Selector:
+    """The passes that are module `address`'s outputs: of every call, or of call `call`
+    (1-based); of every tensor it returns, or only of tensor `output` (0-based, in the order
+    of the returned structure: `module('lstm', output=1)` is an `nn.LSTM`'s `h_n`).
+
+    As an intervention site, a module acts on one tensor of what it returns: `output`, or
+    the first one (a Hugging Face block's hidden states) when not given. Each firing
+    records which (`output 0 of 3`).
+    """
     if call is not None and (isinstance(call, bool) or not isinstance(call, int) or call < 1):
         raise InvalidArgumentTypeError(f"select.module call must be an int >= 1 or None, got {call!r}")
-    return _Module(_text(address, "module"), call)
+    if output is not None and (isinstance(output, bool) or not isinstance(output, int) or output < 0):
+        raise InvalidArgumentTypeError(f"select.module output must be an int >= 0 or None, got {output!r}")
+    return _Module(_text(address, "module"), call, output)
 
 
 def module_type(type_name: str) -> Selector:

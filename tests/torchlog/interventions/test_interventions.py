@@ -553,8 +553,28 @@ def test_labels_found_in_a_pass_that_ran_other_ops_are_refused_not_applied_to_th
             x = torch.relu(x) if self.calls == 1 else torch.sigmoid(x)
             return x * 2
 
+    # A substring is resolved on a probe (the first call), and the pass (the second) differs.
     with pytest.raises(InterventionError, match=r"op 1 is 'sigmoid' where that pass had 'relu'"):
-        torchlog.log_forward_pass(ChangesItsMind(), torch.ones(3), intervene={"mul_1_2": zero_ablate()})
+        torchlog.log_forward_pass(ChangesItsMind(), torch.ones(3), intervene={"mul": zero_ablate()})
+
+
+def test_a_full_label_outside_loops_acts_in_the_one_pass_it_runs() -> None:
+    """A label whose last number is its node's index (no loop before it) is acted on as the
+    pass runs, with no probe: the same model as above runs once and its label acts."""
+    class ChangesItsMind(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            x = torch.relu(x) if self.calls == 1 else torch.sigmoid(x)
+            return x * 2
+
+    model = ChangesItsMind()
+    history = torchlog.log_forward_pass(model, torch.ones(3), intervene={"mul_1_2": zero_ablate()})
+    assert model.calls == 1 and [r.label for r in history.interventions] == ["mul_1_2"]
+    assert torch.equal(history[-1].tensor_contents, torch.zeros(3))
 
 
 # ----- stop early ----------------------------------------------------------------------------------

@@ -1,0 +1,114 @@
+"""A plan's module-exit fields honoured by forward hooks, for the executors that run without the recorder.
+
+The recorder acts on a module's output when its forward wrapper returns
+(`Recorder._act_on_exit`); the lean capture and patched runs have no recorder, so a
+pre-hook counts each module's calls and a forward hook, put ahead of the user's own (as
+the recorder's wrapper acts before them), applies `OpPlan.at_exits` and `stop_exit` with
+the same semantics: the rule's output tensor (`ExitRule.output`) is edited by
+`run_action`, put back into the returned structure by `substitute`, and refused when the
+structure cannot hold it. What these hooks cannot decide (a rule with an op condition,
+which needs the op that made the output) is refused by `exit_refusal` before the pass.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlog.capture.nesting import find_tensors
+from torchlog.capture.plan import (Firing, FiringRecord, OpPlan, StopCapture, out_of_order, run_action,
+                                   substitute, unreachable)
+from torchlog.errors import InterventionError
+
+__all__ = ["ExitActs", "exit_refusal"]
+
+
+def exit_refusal(plan: OpPlan) -> str | None:
+    """Why hooks cannot honour the plan's module-exit fields, or None when they can."""
+    for address, rules in plan.at_exits.items():
+        for rule in rules:
+            if rule.test is not None:
+                return (f"at_exits: site {rule.act.site!r} on {address!r} has an op condition, which only the "
+                        "full capture can test (it needs the op that made the output); log the pass instead")
+    return None
+
+
+class ExitActs:
+    """Hooks on the modules a plan acts or stops at, entered around one pass.
+
+    `firings` receives a FiringRecord per action applied (op_index -1: these executors
+    number no passes). `acted` maps id() of each value an op action made (filled by the
+    lean capture) to that action's number, so that an exit action listed before it is
+    refused as the recorder refuses it.
+    """
+
+    def __init__(self, plan: OpPlan, named_modules: dict[str, nn.Module]) -> None:
+        self.plan = plan
+        wanted = set(plan.at_exits)
+        if plan.stop_exit is not None:
+            wanted.add(plan.stop_exit[0])
+        missing = sorted(wanted - set(named_modules))
+        if missing:
+            raise InterventionError(f"the plan names module {missing[0]!r}, which the model does not have")
+        self.modules = {address: named_modules[address] for address in sorted(wanted)}
+        self.firings: list[FiringRecord] = []
+        self.calls: dict[str, int] = {}
+        self.acted: dict[int, tuple[int, Any]] = {}
+        self._handles: list = []
+
+    def __enter__(self) -> ExitActs:
+        self.firings, self.calls, self.acted = [], {}, {}
+        for address, module in self.modules.items():
+            self._handles.append(module.register_forward_pre_hook(self._counter(address)))
+            self._handles.append(module.register_forward_hook(self._actor(address), prepend=True))
+        return self
+
+    def __exit__(self, *exc_info: object) -> bool:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        return False
+
+    def _counter(self, address: str) -> Callable:
+        def count(module: nn.Module, args: Any) -> None:
+            self.calls[address] = self.calls.get(address, 0) + 1
+        return count
+
+    def _actor(self, address: str) -> Callable:
+        def act(module: nn.Module, args: Any, output: Any) -> Any:
+            call = (address, self.calls.get(address, 0))
+            with torch._C.DisableTorchFunction():  # the hook's ops are not the model's
+                output = self._act(call, output)
+            if self.plan.stop_exit == call:
+                raise StopCapture()
+            return output
+        return act
+
+    def _act(self, call: tuple[str, int], output: Any) -> Any:
+        rules = [r for r in self.plan.at_exits.get(call[0], ()) if r.call is None or r.call == call[1]]
+        if not rules:
+            return output
+        tensors = [t for t, _ in find_tensors(output)]
+        for output_index in sorted({r.output for r in rules}):
+            acts = sorted((r.act for r in rules if r.output == output_index), key=lambda a: a.number)
+            if output_index >= len(tensors):
+                raise StopCapture(InterventionError(
+                    f"site {acts[0].site!r} names output {output_index} of {call[0]}:{call[1]}, which "
+                    f"returned {len(tensors)} tensor(s); name output 0..{max(len(tensors) - 1, 0)}"))
+            old = new = tensors[output_index]
+            earlier = self.acted.get(id(old))
+            if earlier is not None and earlier[0] > acts[0].number:
+                raise StopCapture(InterventionError(out_of_order(acts[0].site, earlier[1], -1, "", call)))
+            for act in acts:
+                firing = Firing(act.site, -1, "", call, None, (output_index, len(tensors)))
+                new, record = run_action(act, new, firing)
+                self.firings.append(record)
+            replaced = substitute(output, old, new)
+            if new is not old and not any(t is new for t, _ in find_tensors(replaced)):
+                raise StopCapture(InterventionError(unreachable(acts[0].site, call, output_index, len(tensors),
+                                                                type(output).__name__)))
+            output = replaced
+        return output
+

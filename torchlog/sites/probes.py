@@ -1,0 +1,67 @@
+"""Probes kept per model and input signature, so that a site only a finished pass can
+resolve costs one probe for a model, not one per call."""
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlog.history import ModelHistory
+
+__all__ = ["ProbeCache", "PROBES", "signature"]
+
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def signature(model: nn.Module, named_modules: list, args: tuple, kwargs: dict) -> tuple:
+    """What decides which ops a model runs, as far as torchlog can see it before the pass:
+    the model's identity and train/eval flags, and the inputs' structure, with each tensor's
+    shape, dtype and device and each plain scalar's value (a flag such as `use_cache`)."""
+    return (id(model), tuple(m.training for _, m in named_modules), _shape_of(args), _shape_of(kwargs))
+
+
+def _shape_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.requires_grad)
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_shape_of(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _shape_of(v)) for k, v in value.items()))
+    return type(value).__qualname__
+
+
+class ProbeCache:
+    """The last few probes (metadata-only histories), each for one model and signature.
+
+    A probe is reused only for the same live model object (a weak reference, so the cache
+    never keeps a model alive); a pass that then runs other ops than the probe is caught
+    by the plan's check, and the API drops the probe and probes again.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._probes: OrderedDict[tuple, tuple[weakref.ref, ModelHistory]] = OrderedDict()
+
+    def get(self, model: nn.Module, key: tuple) -> ModelHistory | None:
+        found = self._probes.get(key)
+        if found is None or found[0]() is not model:
+            return None
+        self._probes.move_to_end(key)
+        return found[1]
+
+    def put(self, model: nn.Module, key: tuple, probe: ModelHistory) -> None:
+        self._probes[key] = (weakref.ref(model), probe)
+        self._probes.move_to_end(key)
+        while len(self._probes) > self.size:
+            self._probes.popitem(last=False)
+
+    def drop(self, key: tuple) -> None:
+        self._probes.pop(key, None)
+
+
+PROBES = ProbeCache()
