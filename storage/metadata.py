@@ -188,7 +188,7 @@ def _intervention(d: dict[str, Any]) -> InterventionRecord:
     change = d.get("max_abs_change")
     return InterventionRecord(d["site"], d["label"], d["action"],
                               float("nan") if change is None else change, d["op_index"],
-                              d.get("number", 0), d.get("before"))
+                              d.get("number", 0), d.get("before"), d.get("part"))
 
 
 def _known(cls: type, fields: dict[str, Any]) -> dict[str, Any]:

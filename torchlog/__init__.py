@@ -31,6 +31,7 @@ from torchlog.options import LogOptions
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
 from torchlog.replay import validate_saved_activations
 from torchlog.comparison import Comparison, compare, find_nonfinite
+from torchlog.intervened import RunResult, run
 from torchlog import interventions, patching
 from torchlog.sites import select
 from torchlog.errors import InterventionError
@@ -90,5 +91,5 @@ __all__ = [
     "LogFilePermissionError", "IncompleteLogWarning", "lint", "LintError",
     "OpSequenceChangedWarning", "DistributedExtractError", "InterventionError", "interventions",
     "patching", "select",
-    "compare", "Comparison", "ComparisonError", "find_nonfinite",
+    "compare", "Comparison", "ComparisonError", "find_nonfinite", "run", "RunResult",
 ]

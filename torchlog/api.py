@@ -51,8 +51,9 @@ def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, 
         input_kwargs: keyword arguments for forward.
         options: what to keep, as a LogOptions (layers_to_save, random_seed, save_to, ...).
             A list `layers_to_save` keeps exactly the chosen passes, in execution order;
-            `history.output_layers` still names the model's outputs (their values are
-            present only when chosen).
+            every list on the history names only the chosen passes (`output_layers` is
+            empty unless 'output' is chosen). The model runs once wherever the entries,
+            sites and stop can be decided while it runs (see docs/design.md, section 4).
         **keywords: the fields of LogOptions by name, as TorchLens spells them
             (`layers_to_save=['conv2d_3_7']`, `random_seed=0`, ...), overriding `options`;
             and rendering options `vis_opt`, `vis_nesting_depth`, `vis_outpath`, ...
@@ -82,7 +83,7 @@ def log_forward_pass(model: nn.Module, input_args: Any, input_kwargs: dict[str, 
         >>> only_relu = torchlog.LogOptions(layers_to_save=["relu"], random_seed=0)
         >>> only = torchlog.log_forward_pass(net, torch.rand(2, 4), options=only_relu)
         >>> only.layer_labels, only.output_layers
-        (['relu_1_2'], ['output_1_3'])
+        (['relu_1_2'], [])
     """
     if is_compiled(model):
         warnings.warn(compiled_text(model), CompiledModelWarning, stacklevel=2)
@@ -135,20 +136,12 @@ def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistor
 
 
 def _probed(request: Request, planner: Planner, started: float, gradient_sink: Callable | None) -> ModelHistory:
-    """The pass with its plan resolved on a probe: the model's probe for this input
-    signature if one is kept (sites/probes.py), else a new one, acting on nothing (each
-    action runs once per firing, in the run returned). A kept probe the run no longer
-    matches is dropped and made again, once."""
-    key = signature(request.model, request.named_modules, request.args, request.kwargs)
+    """The pass with its plan resolved on a probe (see `probe_for`; each action runs once
+    per firing, in the run returned). A kept probe the run no longer matches is dropped
+    and made again, once."""
     nothing = replace(request.capture, save_all=False, save_indices=frozenset())
     for attempt in range(2):
-        probe = PROBES.get(request.model, key)
-        kept = probe is not None
-        if probe is None:
-            probe = _run(request, replace(nothing, plan=planner.probe_plan()), started, prune=False,
-                         on_error="return")
-            if not probe.is_partial and probe.stopped_at is None:
-                PROBES.put(request.model, key, probe)
+        probe, kept = probe_for(request, started, fresh=attempt > 0)
         plan = planner.plan(probe)
         entries = planner.entries
         chosen = None if entries is None else (_reached(probe, entries) if probe.is_partial
@@ -162,8 +155,29 @@ def _probed(request: Request, planner: Planner, started: float, gradient_sink: C
         except (InterventionError, NondeterministicModelError) as error:
             if not kept or attempt or not getattr(error, "torchlog_ops_changed", False):
                 raise
-            PROBES.drop(key)  # the model runs other ops than when it was probed: probe again
     raise AssertionError("unreachable")
+
+
+def probe_for(request: Request, started: float | None = None, fresh: bool = False) -> tuple[ModelHistory, bool]:
+    """The probe of the request's model for its input signature, and whether it was kept
+    from an earlier call: the one sites/probes.py keeps (unless `fresh`, which drops it),
+    else a new metadata-only pass acting on nothing, stopped where the request's stop is
+    decided while it runs (then it is not kept), which returns its partial history rather
+    than raise when the model raises.
+    """
+    key = signature(request.model, request.named_modules, request.args, request.kwargs)
+    if fresh:
+        PROBES.drop(key)
+    probe = PROBES.get(request.model, key)
+    if probe is not None:
+        return probe, True
+    planner = request.acting
+    nothing = replace(request.capture, save_all=False, save_indices=frozenset(),
+                      plan=None if planner is None else planner.probe_plan())
+    probe = _run(request, nothing, perf_counter() if started is None else started, prune=False, on_error="return")
+    if not probe.is_partial and probe.stopped_at is None:
+        PROBES.put(request.model, key, probe)
+    return probe, False
 
 
 class _GuessMissed(Exception):
@@ -237,6 +251,7 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
         if (on_error or request.options.on_error) == "return" and not isinstance(error, InterventionError):
             del error
             return history
+        _name_pass(error, history)
         try:
             raise error  # the model's own exception, its traceback intact
         finally:
@@ -255,6 +270,18 @@ def _run(request: Request, capture: CaptureOptions, started: float, prune: bool,
         error.torchlog_ops_changed = True
         raise error
     return history
+
+
+def _name_pass(error: BaseException, history: ModelHistory) -> None:
+    """Add to an action's error the label of the pass it acted on, once the partial history
+    has labels (the action ran before they existed): the key a user looks up."""
+    index = getattr(error, "torchlog_op_index", None)
+    passes = all_passes(history)
+    if not isinstance(error, InterventionError) or index is None or not 0 <= index < len(passes):
+        return
+    label = passes[index].label
+    if error.args and f"pass {label!r}" not in str(error.args[0]):
+        error.args = (f"{error.args[0]} (pass {label!r})", *error.args[1:])
 
 
 def _same_ops(expected: ModelHistory, history: ModelHistory) -> bool:

@@ -7,7 +7,7 @@ from types import MappingProxyType
 from typing import Any, overload
 
 from torchlog.errors import InvalidArgumentTypeError, LayerNotFoundError
-from torchlog.lookup import KEY_FORMS, KeyIndex, claim
+from torchlog.lookup import KEY_FORMS, KeyIndex, RunEnd, claim, left_out_keys
 from torchlog.optional import require
 from torchlog.records import FailedOp, LayerRecord, ModuleRecord, PassRecord
 
@@ -73,8 +73,10 @@ class ModelHistory(Sequence):
         self._modules = modules
         self._modules_view = MappingProxyType(modules)
         self.info = info
-        self._index = KeyIndex(self._passes, self._layers, modules)
+        end = RunEnd.of(info.stopped_at, info.is_partial, info.all_passes or self._passes)
+        self._index = KeyIndex(self._passes, self._layers, modules, end)
         claim(self._passes, self._index)  # lets print(record) show its position and keys
+        self._left_out: dict[str, str] | None = None  # key -> label of a pass left out; built on a miss
 
     # ----- lookup ---------------------------------------------------------------------
     @overload
@@ -96,7 +98,7 @@ class ModelHistory(Sequence):
         if isinstance(key, str):
             found = self._index.resolve(key)
             if found is None:
-                raise LayerNotFoundError(self._index.not_found_message(key))
+                raise LayerNotFoundError(self._not_found_message(key))
             return self._by_label.get(found) or self._layers_by_label[found]
         if isinstance(key, int) and not isinstance(key, bool):
             n = len(self._passes)
@@ -110,6 +112,20 @@ class ModelHistory(Sequence):
         raise InvalidArgumentTypeError(
             f"history keys must be str or int (or a slice of positions), got {key!r} of type "
             f"{type(key).__name__}; use {KEY_FORMS}")
+
+    def _not_found_message(self, key: str) -> str:
+        """Why `key` finds nothing: a pass of the run that layers_to_save left out, or what
+        the key index says."""
+        if self._left_out is None:
+            everything = self.info.all_passes
+            self._left_out = left_out_keys(everything, self._by_label) if everything is not None else {}
+        label = self._left_out.get(key)
+        if label is None:
+            return self._index.not_found_message(key)
+        return (f"{key!r} names pass {label!r} of this run, which layers_to_save left out of this "
+                "history: it holds only the chosen passes (history.layer_labels); add "
+                f"{label!r} to layers_to_save to keep it, or log with keep_unsaved_layers=True to "
+                "keep every pass (the others without values)")
 
     def get(self, key: int | str, default: Any = None) -> PassRecord | LayerRecord | Any:
         """`history[key]`, or `default` when no pass or layer matches.
@@ -232,13 +248,16 @@ class ModelHistory(Sequence):
 
     @property
     def input_layers(self) -> list[str]:
+        """Labels of the model's inputs in this history, in order (as `layer_labels`, only
+        the passes a `layers_to_save` list chose)."""
         return [p.label for p in self._passes if p.is_input]
 
     @property
     def output_layers(self) -> list[str]:
-        """Labels of the model's outputs, in the order forward returned them; also those a
-        `layers_to_save` list left out of the history (their values were not kept)."""
-        return [p.label for p in all_passes(self) if p.is_output]
+        """Labels of the model's outputs in this history, in the order forward returned them
+        (as `layer_labels`, only the passes a `layers_to_save` list chose: add 'output' to
+        it to keep them)."""
+        return [p.label for p in self._passes if p.is_output]
 
     @property
     def num_tensors(self) -> int:

@@ -23,7 +23,8 @@ def lint(history: ModelHistory, *, complete: bool | None = None, check_saved: bo
     The invariants: labels are unique and every lookup form finds its pass; passes are
     in execution order and parents run before their children; every parent lists its
     child back and the reverse; kinds agree with links (sources have no parents, an
-    output has one parent and no children); layers are numbered in order of first
+    output has one parent and no children), and `input_layers` and `output_layers` list
+    exactly the history's passes of those kinds; layers are numbered in order of first
     appearance, their passes run 1..n and the rolled edges agree with the passes'
     links; module calls and passes agree on which call contains or returned which
     pass; saved tensors have the shape and dtype their metadata states.
@@ -66,6 +67,7 @@ def _problems(history: ModelHistory, complete: bool | None, check_saved: bool) -
     yield from _order(passes)
     yield from _links(passes, by_label)
     yield from _kinds(passes)
+    yield from _lists(history, by_label)
     if complete is None:
         everything = history.info.all_passes  # kept by the API when it prunes
         complete = everything is not None and len(everything) == len(passes)
@@ -159,6 +161,17 @@ def _kinds(passes: list[PassRecord]) -> Iterator[str]:
             yield f"output {record.label} has children {record.children!r}"
         if not record.parents and record.kind is NodeKind.OP:
             yield f"{record.label} has no parents but is not flagged as a source"
+
+
+def _lists(history: ModelHistory, by_label: dict[str, PassRecord]) -> Iterator[str]:
+    """The history's lists of inputs and outputs name exactly its passes of that kind, in
+    order: no label a lookup of the history cannot find (a pruned history lists only what
+    it holds)."""
+    for name, flag in (("input_layers", "is_input"), ("output_layers", "is_output")):
+        listed = getattr(history, name)
+        held = [label for label, record in by_label.items() if getattr(record, flag)]
+        if listed != held:
+            yield f"history.{name} is {listed!r}, but its passes with {flag} are {held!r}"
 
 
 def _saved(passes: list[PassRecord]) -> Iterator[str]:

@@ -1,19 +1,40 @@
 """The keys that find a pass or layer of a history, and each pass's keys and position back."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from torchlog.errors import closest_matches
 from torchlog.labels import split_pass
 from torchlog.records import LayerRecord, ModuleRecord, PassRecord
 
-__all__ = ["KEY_FORMS", "KeyIndex", "claim", "index_of"]
+__all__ = ["KEY_FORMS", "KeyIndex", "RunEnd", "claim", "index_of", "left_out_keys"]
 
 KEY_FORMS = (
     "a layer label ('conv2d_3_7'), a short label ('conv2d_3'), a pass ('linear_1_1:2'), "
     "a module address ('features.6', or 'features.6:2' for its 2nd call), or an int "
     "position in layer_labels (negative counts from the end)"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How a forward pass that did not run to its end ended, for the messages of lookups
+    that find nothing because of it."""
+
+    how: str  # "stop_after ended the forward pass after 'relu_1_2'", "the forward pass raised"
+    open_calls: frozenset[str] = frozenset()  # module calls ('0:1') that had not returned
+
+    @classmethod
+    def of(cls, stopped_at: str | None, is_partial: bool, passes: Sequence[PassRecord]) -> RunEnd | None:
+        """The end of a run stopped after the pass `stopped_at` (the module calls that ran it
+        and had not returned it are still open), or of a run that raised; None for a run
+        that ran to its end. `passes` are every pass of the run."""
+        if stopped_at is None:
+            return cls("the forward pass raised") if is_partial else None
+        last = next((p for p in reversed(passes) if p.label == stopped_at), None)
+        open_calls = frozenset(last.containing_modules) - frozenset(last.output_of_modules) if last else frozenset()
+        return cls(f"stop_after ended the forward pass after {stopped_at!r}", open_calls)
 
 
 class KeyIndex:
@@ -32,13 +53,16 @@ class KeyIndex:
     """
 
     def __init__(self, passes: Sequence[PassRecord], layers: Iterable[LayerRecord],
-                 modules: Mapping[str, ModuleRecord]) -> None:
+                 modules: Mapping[str, ModuleRecord], end: RunEnd | None = None) -> None:
         self.labels = tuple(p.label for p in passes)  # the history's passes, in order
         self._positions = {label: pos for pos, label in enumerate(self.labels)}
         self._targets: dict[str, str] = {}  # key -> pass label, or label of a multi-pass layer
         self._num_passes: dict[str, int] = {}  # target -> passes of its layer
         self._keys_of: dict[str, list[str]] = {}  # pass label -> the keys listed for it
-        self._module_calls = {address: m.num_passes for address, m in modules.items()}
+        # Address (and alias) -> per call, the labels it returned: for messages only.
+        self._call_outputs = {address: m.call_outputs for m in modules.values()
+                              for address in (m.address, *m.aliases)}
+        self._end = end  # how the pass ended when it did not run to its end
         by_label = {p.label: p for p in passes}
         self._add_layers(layers)
         self._add_modules(modules, by_label)
@@ -158,16 +182,49 @@ class KeyIndex:
             base, pass_num = key.rpartition(":")[0], int(tail)
         if pass_num is not None and base in self._targets:
             num = self._num_passes[self._targets[base]]
+            if self._end is not None:
+                return f"{base!r} has passes 1..{num} before {self._end.how}, so {key!r} is not in this history"
             return f"{base!r} has passes 1..{num}, so {key!r} does not exist"
-        if base in self._module_calls:
-            calls = self._module_calls[base]
-            if calls == 0:
-                return f"module {base!r} was never called in this forward pass"
-            return (f"module {base!r} was called {calls} times and its outputs are different "
-                    f"layers; use '{base}:1'..'{base}:{calls}'")
+        if base in self._call_outputs:
+            return self._module_message(key, base, pass_num)
         near = closest_matches(key, [k for k in self._targets if ":" not in k])
         hint = f"; closest labels: {', '.join(near)}" if near else ""
-        return f"no layer matches {key!r}. A key is {KEY_FORMS}{hint}"
+        ended = f" ({self._end.how}: later passes are not in this history)" if self._end else ""
+        return f"no layer matches {key!r}{ended}. A key is {KEY_FORMS}{hint}"
+
+    def _module_message(self, key: str, address: str, call: int | None) -> str:
+        """Why the module key `key` (`address`, call `call` or None) finds no pass."""
+        outputs = self._call_outputs[address]
+        calls = len(outputs)
+        before = f" before {self._end.how}" if self._end else ""
+        if calls == 0:
+            return f"module {address!r} was {'not' if before else 'never'} called{before}"
+        times = f"{calls} time{'s' if calls > 1 else ''}"
+        if call is not None and not 1 <= call <= calls:
+            if self._end is not None:
+                return (f"module {address!r} was called {times}{before}: call {call}, if the model "
+                        "makes it, is after the stop")
+            valid = f"'{address}:1'" if calls == 1 else f"'{address}:1'..'{address}:{calls}'"
+            return f"module {address!r} was called {times}, so {key!r} does not exist; use {valid}"
+        if call is None and calls > 1:
+            return (f"module {address!r} was called {times} and its calls returned different "
+                    f"passes; name one call: '{address}:1'..'{address}:{calls}'")
+        call = call or 1
+        where = f"history.modules[{address!r}].call_layers[{call - 1}]"
+        if not outputs[call - 1]:
+            if self._end is not None and f"{address}:{call}" in self._end.open_calls:
+                return (f"call {call} of module {address!r} had not returned when {self._end.how}: "
+                        f"its output comes after the stop, so this history has none; the passes it "
+                        f"ran are in {where}")
+            if self._end is not None:
+                return (f"call {call} of module {address!r} has no output: it returned no tensor, "
+                        f"or had not returned when {self._end.how}; the passes it ran are in {where}")
+            return (f"call {call} of module {address!r} returned no tensor, so no pass is its "
+                    f"output; the passes it ran are in {where}")
+        first = outputs[call - 1][0]
+        return (f"call {call} of module {address!r} returned {first!r}, which is not in this "
+                f"history (layers_to_save left it out); add {key!r} to layers_to_save to keep it, or log "
+                "with keep_unsaved_layers=True to keep every pass (the others without values)")
 
 
 def _safe_split(key: str) -> tuple[str, int | None]:
@@ -175,6 +232,21 @@ def _safe_split(key: str) -> tuple[str, int | None]:
         return split_pass(key)
     except ValueError:
         return key, None
+
+
+def left_out_keys(passes: Iterable[PassRecord], held: Container[str]) -> dict[str, str]:
+    """Label forms of the passes of a run whose label is not in `held` (those a
+    `layers_to_save` list left out of a history): 'linear_1_1', 'linear_1_1:2', 'linear_1',
+    'linear_1:2' -> the pass label; a layer's keys name its first pass left out."""
+    found: dict[str, str] = {}
+    for record in passes:
+        if record.label in held:
+            continue
+        layer = record.layer_label
+        short = layer.rsplit("_", 1)[0]
+        for key in (record.label, layer, f"{layer}:{record.pass_num}", short, f"{short}:{record.pass_num}"):
+            found.setdefault(key, record.label)
+    return found
 
 
 def claim(passes: Iterable[PassRecord], index: KeyIndex) -> None:

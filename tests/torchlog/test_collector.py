@@ -58,10 +58,12 @@ def test_turned_back_on_when_forward_raises(collector_on):
     assert model.seen == [False] and gc.isenabled()
 
 
-def test_layers_to_save_runs_two_passes_both_paused(collector_on):
+def test_layers_to_save_runs_every_pass_paused(collector_on):
     model = _SeesCollector()
-    torchlog.log_forward_pass(model, torch.ones(2), layers_to_save=["add"])
-    assert model.seen == [False, False] and gc.isenabled()
+    torchlog.log_forward_pass(model, torch.ones(2), layers_to_save=["add"])  # one pass
+    assert model.seen == [False] and gc.isenabled()
+    torchlog.log_forward_pass(model, torch.ones(2), intervene={"add": torchlog.interventions.scale(1.0)})
+    assert model.seen == [False, False, False] and gc.isenabled()  # a probe and the pass
 
 
 def test_overlapping_threads_share_one_pause(collector_on):

@@ -91,7 +91,7 @@ def test_layers_to_save_seed_example():
     # The seed's printed list, exactly: the chosen layers only, in execution order.
     assert history.layer_labels == ["conv2d_3_7", "maxpool2d_3_13", "linear_1_17", "dropout_2_19",
                                      "linear_2_20", "linear_3_22"]
-    assert history.output_layers == ["output_1_23"] and "output_1_23" not in history
+    assert history.output_layers == history.input_layers == [] and "output_1_23" not in history
     check_history(history)
     full = torchlog.log_forward_pass(model, x, random_seed=1)
     for record in history:
@@ -117,6 +117,116 @@ def test_keep_unsaved_layers_keeps_metadata():
     assert [p.label for p in history if p.has_saved_tensor] == [f"add_1_2:{k}" for k in range(1, 5)]
     assert history["linear_1_1:1"].tensor_contents is None
     assert history["linear_1_1:1"].tensor_meta.shape == (2, 5)
+
+
+def test_a_pruned_history_lists_only_what_it_holds_and_names_what_it_left_out():
+    # Every list on a history names passes it holds (as layer_labels does), so each lookup
+    # of a listed label answers; a lookup of a pass the list left out says so.
+    model, x = SimpleRecurrent(), torch.rand(2, 5)
+    pruned = torchlog.log_forward_pass(model, x, layers_to_save=["mul_1_3:4"])
+    assert pruned.layer_labels == ["mul_1_3:4"] and pruned.output_layers == pruned.input_layers == []
+    assert pruned.module_tree().startswith("SimpleRecurrent(")  # looked up every output_layers label
+    for key, label in [("output_1_4", "output_1_4"), ("output_1", "output_1_4"), ("mul_1_3:2", "mul_1_3:2"),
+                       ("linear_1_1:2", "linear_1_1:2"), ("input_1_0", "input_1_0")]:
+        with pytest.raises(torchlog.LayerNotFoundError,
+                           match=rf"'{key}' names pass '{label}' of this run, which layers_to_save left out.*"
+                                 rf"add '{label}' to layers_to_save.*keep_unsaved_layers=True"):
+            pruned[key]
+    with pytest.raises(torchlog.LayerNotFoundError,
+                       match=r"call 2 of module 'fc' returned 'linear_1_1:2', which is not in this history "
+                             r"\(layers_to_save left it out\); add 'fc:2'"):
+        pruned["fc:2"]
+    chosen = torchlog.log_forward_pass(model, x, layers_to_save=["mul_1_3:4", "output", "input"])
+    kept = torchlog.log_forward_pass(model, x, layers_to_save=["mul_1_3:4"], keep_unsaved_layers=True)
+    full = torchlog.log_forward_pass(model, x)
+    for history in (pruned, chosen, kept, full):
+        check_history(history)
+        for name in ("input_layers", "output_layers"):
+            labels = getattr(history, name)
+            assert labels == [label for label in history.layer_labels if label in labels]
+            assert all(history[label].label == label for label in labels)
+    assert chosen.output_layers == kept.output_layers == full.output_layers == ["output_1_4"]
+    assert chosen.input_layers == kept.input_layers == ["input_1_0"]
+    assert torch.equal(chosen["output_1_4"].tensor_contents, model(x).detach())
+    assert kept["output_1_4"].tensor_contents is None and kept["output_1_4"].tensor_meta.shape == (2, 5)
+
+
+def test_a_stopped_history_says_a_key_is_after_the_stop():
+    # Stopped inside module '0' (after its submodule '0.1' returned): call 1 of '0' has no
+    # output. The message says the output comes after the stop, and never offers the very
+    # key that failed ("use '0:1'..'0:1'").
+    def block() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+
+    model, x = torch.nn.Sequential(block(), block()), torch.rand(1, 3)
+    history = torchlog.log_forward_pass(model, x, stop_after="0.1:1")
+    check_history(history)
+    assert history.stopped_at == "relu_1_2" and history.modules["0"].call_outputs == ((),)
+    for key in ("0", "0:1"):
+        with pytest.raises(torchlog.LayerNotFoundError) as raised:
+            history[key]
+        message = str(raised.value)
+        assert message.startswith("call 1 of module '0' had not returned when stop_after ended the forward "
+                                  "pass after 'relu_1_2': its output comes after the stop")
+        assert "use '0:1'" not in message and "different" not in message
+    after = r"^module '0' was called 1 time before stop_after ended the forward pass after 'relu_1_2': call 2"
+    with pytest.raises(torchlog.LayerNotFoundError, match=after + r", if the model makes it, is after the stop$"):
+        history["0:2"]
+    with pytest.raises(torchlog.LayerNotFoundError, match=r"^module '1' was not called before stop_after ended"):
+        history["1:1"]
+    with pytest.raises(torchlog.LayerNotFoundError, match=r"^no layer matches 'linear_2_3' \(stop_after ended the "
+                                                          r"forward pass after 'relu_1_2': later passes are not"):
+        history["linear_2_3"]
+    assert history["0.1"].label == "relu_1_2"  # the call that returned before the stop is found
+
+
+def test_a_partial_history_says_a_module_call_may_not_have_returned():
+    class Raises(torch.nn.Module):
+        def forward(self, x):
+            torch.relu(x)
+            raise ValueError("the model's own error")
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.bad, self.c = torch.nn.Linear(3, 3), Raises(), torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.c(self.bad(self.a(x)))
+
+    history = torchlog.log_forward_pass(Outer(), torch.rand(1, 3), on_error="return")
+    assert history.is_partial and history.output_layers == []
+    with pytest.raises(torchlog.LayerNotFoundError, match=r"^call 1 of module 'bad' has no output: it returned no "
+                                                          r"tensor, or had not returned when the forward pass raised"):
+        history["bad"]
+    with pytest.raises(torchlog.LayerNotFoundError, match=r"^module 'c' was not called before the forward pass "
+                                                          r"raised$"):
+        history["c"]
+
+
+def test_a_module_that_returns_no_tensor_is_named_as_such():
+    class Silent(torch.nn.Module):
+        def forward(self, x):
+            return None
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.silent, self.fc = Silent(), torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            self.silent(x * 2)
+            return self.fc(x)
+
+    history = torchlog.log_forward_pass(Outer(), torch.rand(1, 3))
+    for key in ("silent", "silent:1"):
+        with pytest.raises(torchlog.LayerNotFoundError,
+                           match=r"^call 1 of module 'silent' returned no tensor, so no pass is its output; the "
+                                 r"passes it ran are in history.modules\['silent'\].call_layers\[0\]$"):
+            history[key]
+    with pytest.raises(torchlog.LayerNotFoundError, match=r"^module 'silent' was called 1 time, so 'silent:2' does "
+                                                          r"not exist; use 'silent:1'$"):
+        history["silent:2"]
 
 
 def test_layers_to_save_none_keeps_every_layer_without_tensors():

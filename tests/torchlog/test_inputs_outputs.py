@@ -255,7 +255,7 @@ def test_each_returned_tensor_is_one_childless_output_of_its_producer(kind: str)
 def test_a_tensor_returned_twice_saves_selects_and_replays(kind: str) -> None:
     torch.manual_seed(0)
     model, x = Returns(kind), torch.rand(2, 3)
-    chosen = torchlog.log_forward_pass(model, x, random_seed=0, layers_to_save=["linear"])
+    chosen = torchlog.log_forward_pass(model, x, random_seed=0, layers_to_save=["linear", "output"])
     torchlog.lint(chosen)
     assert len(chosen.output_layers) == len(_RETURNED[kind][0])
     assert torchlog.validate_saved_activations(model, x, random_seed=0)

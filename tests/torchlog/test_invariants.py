@@ -9,6 +9,7 @@ import torch
 import torchlog
 from tests.models import Nested, SimpleRecurrent
 from torchlog.errors import LintError, TorchlogError
+from torchlog.history import all_passes
 
 
 def _recurrent() -> torchlog.ModelHistory:
@@ -28,6 +29,23 @@ def test_lint_accepts_pruned_histories_and_checks_their_layer_order_only() -> No
     torchlog.lint(history)
     with pytest.raises(LintError, match="in order of first appearance"):
         torchlog.lint(history, complete=True)
+
+
+@pytest.mark.no_lint("builds a history whose output_layers names a pass it does not hold, for lint to flag")
+def test_a_list_naming_a_pass_the_history_does_not_hold_is_flagged() -> None:
+    # output_layers read from every pass of the run named an output a pruned history does
+    # not hold, which its lookup then refused.
+    class EveryOutput(torchlog.ModelHistory):
+        @property
+        def output_layers(self) -> list[str]:
+            return [p.label for p in all_passes(self) if p.is_output]
+
+    pruned = torchlog.log_forward_pass(SimpleRecurrent(), torch.rand(2, 5), layers_to_save=["mul"])
+    torchlog.lint(pruned)
+    listing = EveryOutput(pruned.passes, pruned.layers, dict(pruned.modules), pruned.info)
+    with pytest.raises(LintError, match=r"history.output_layers is \['output_1_4'\], but its passes with "
+                                        r"is_output are \[\]"):
+        torchlog.lint(listing)
 
 
 def test_saved_values_are_checked_unless_a_postfunc_changed_them() -> None:

@@ -113,9 +113,12 @@ def module_caller(frame: Any) -> Any:
 def _hooks(module: nn.Module, address: str, recorder: Any) -> list:
     """A pre-hook and an always-called forward hook on `module`, ahead of its own; their handles."""
 
-    def enter(_module: nn.Module, _args: Any) -> None:
+    def enter(_module: nn.Module, args: Any, kwargs: Any) -> Any:
         if _state.recorder is recorder:
             recorder.enter(address, _getframe(1))  # torch's frame that runs forward
+            if recorder.acting_inputs:  # module-input sites of a plan: what forward receives
+                return recorder.act_on_inputs(address, args, kwargs)
+        return None
 
     def leave(_module: nn.Module, _args: Any, output: Any) -> None:
         if _state.recorder is not recorder:
@@ -125,7 +128,7 @@ def _hooks(module: nn.Module, address: str, recorder: Any) -> list:
             return None
         return recorder.leave(address, output)  # `output`, or an intervention's replacement
 
-    return [module.register_forward_pre_hook(enter, prepend=True),
+    return [module.register_forward_pre_hook(enter, prepend=True, with_kwargs=True),
             module.register_forward_hook(leave, prepend=True, always_call=True)]
 
 
@@ -187,6 +190,8 @@ def _wrapper(key: int, forward: Any) -> Any:
             return forward(*args, **kwargs)
         recorder.enter(address, _getframe())
         try:
+            if recorder.acting_inputs:  # module-input sites of a plan: what forward receives
+                args, kwargs = recorder.act_on_inputs(address, args, kwargs)
             output = forward(*args, **kwargs)
         except BaseException:
             recorder.leave_raised(address)

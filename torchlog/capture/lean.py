@@ -201,7 +201,7 @@ class _LeanMode(TorchFunctionMode):
 def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, tuple[int, ...]],
              places: Mapping[Place, tuple[int, ...]] | None = None,
              named_modules: list | None = None, plan: OpPlan | None = None,
-             stop_call: int | None = None) -> LeanPass:
+             stop_call: int | None = None, count: bool = True) -> LeanPass:
     """Run `model(*args, **kwargs)` counting ops and copying the outputs `wanted` and
     `places` name.
 
@@ -223,6 +223,9 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
             the outputs of those calls as the recorder applies them.
         stop_call: end the pass right after this call was counted (and its outputs
             copied), as `stop_after` ends a logged pass: nothing after it runs.
+        count: count the calls (`LeanPass.calls`). Without it, a plan that only acts or
+            stops at module exits runs with module hooks alone, no mode: a plain forward
+            and one hook per module acted on.
 
     Returns:
         The LeanPass (`stopped` when `stop_call` was reached); the mode is removed when
@@ -242,10 +245,12 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
     if refused is not None:
         raise InterventionError(f"the lean capture cannot honour this plan: {refused}")
     mode = _LeanMode(wanted, places or {}, plan, stop_call)
+    if not count and not wanted and not places and stop_call is None and _exits_only(mode.plan):
+        return _hooks_only(model, args, kwargs, mode.plan, named_modules)
     follow = bool(places) or (plan is not None and bool(plan.at_ops))
     handles = _follow_modules(model, mode, named_modules) if follow else ()
     exits = None
-    if plan is not None and (plan.at_exits or plan.stop_exit):
+    if plan is not None and (plan.at_exits or plan.at_entries or plan.stop_exit):
         exits = ExitActs(plan, dict(model.named_modules() if named_modules is None else named_modules))
     output, stopped = None, False
     try:
@@ -261,6 +266,23 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
         for handle in handles:
             handle.remove()
     return LeanPass(mode.calls, mode.saved, output, mode.at_places, stopped, mode.firings)
+
+
+def _exits_only(plan: OpPlan) -> bool:
+    """Whether the plan acts and stops only at module exits (no op-level field)."""
+    return not (plan.at_calls or plan.at_ops or plan.stop_on is not None or plan.stop_call is not None)
+
+
+def _hooks_only(model: nn.Module, args: tuple, kwargs: dict, plan: OpPlan, named_modules: list | None) -> LeanPass:
+    """The pass with the plan's module hooks and no mode (nothing to count)."""
+    exits = ExitActs(plan, dict(model.named_modules() if named_modules is None else named_modules))
+    try:
+        with exits:
+            return LeanPass([], {}, model(*args, **kwargs), {}, False, exits.firings)
+    except StopCapture as stop:
+        if stop.error is not None:
+            raise stop.error from None
+        return LeanPass([], {}, None, {}, True, exits.firings)
 
 
 def lean_refusal(plan: OpPlan) -> str | None:

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from torchlog.capture.nesting import find_tensors
-from torchlog.capture.plan import (Firing, FiringRecord, OpPlan, StopCapture, out_of_order, run_action,
-                                   substitute, unreachable)
+from torchlog.capture.plan import (Firing, FiringRecord, OpPlan, StopCapture, inputs_missing, outputs_missing, out_of_order,
+                                   run_action, substitute, unreachable)
 from torchlog.errors import InterventionError
 
 __all__ = ["ExitActs", "exit_refusal"]
@@ -46,7 +46,7 @@ class ExitActs:
 
     def __init__(self, plan: OpPlan, named_modules: dict[str, nn.Module]) -> None:
         self.plan = plan
-        wanted = set(plan.at_exits)
+        wanted = set(plan.at_exits) | set(plan.at_entries)
         if plan.stop_exit is not None:
             wanted.add(plan.stop_exit[0])
         missing = sorted(wanted - set(named_modules))
@@ -61,7 +61,8 @@ class ExitActs:
     def __enter__(self) -> ExitActs:
         self.firings, self.calls, self.acted = [], {}, {}
         for address, module in self.modules.items():
-            self._handles.append(module.register_forward_pre_hook(self._counter(address)))
+            # After the user's pre-hooks, as the recorder's forward wrapper sees the inputs.
+            self._handles.append(module.register_forward_pre_hook(self._counter(address), with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._actor(address), prepend=True))
         return self
 
@@ -72,9 +73,29 @@ class ExitActs:
         return False
 
     def _counter(self, address: str) -> Callable:
-        def count(module: nn.Module, args: Any) -> None:
+        def count(module: nn.Module, args: Any, kwargs: Any) -> Any:
             self.calls[address] = self.calls.get(address, 0) + 1
+            if address not in self.plan.at_entries:
+                return None
+            with torch._C.DisableTorchFunction():  # the hook's ops are not the model's
+                return self._act_on_inputs((address, self.calls[address]), args, kwargs)
         return count
+
+    def _act_on_inputs(self, call: tuple[str, int], args: tuple, kwargs: dict) -> Any:
+        rules = [r for r in self.plan.at_entries[call[0]] if r.call is None or r.call == call[1]]
+        if not rules:
+            return None
+        found = [t for t, _ in find_tensors((args, kwargs)) if not isinstance(t, nn.Parameter)]
+        for index in sorted({r.output for r in rules}):
+            acts = sorted((r.act for r in rules if r.output == index), key=lambda a: a.number)
+            if index >= len(found):
+                raise StopCapture(InterventionError(inputs_missing(acts[0].site, call, index, len(found))))
+            old = new = found[index]
+            for act in acts:
+                new, record = run_action(act, new, Firing(act.site, -1, "", call, None, None, (index, len(found))))
+                self.firings.append(record)
+            args, kwargs = substitute((args, kwargs), old, new)
+        return args, kwargs
 
     def _actor(self, address: str) -> Callable:
         def act(module: nn.Module, args: Any, output: Any) -> Any:
@@ -94,9 +115,8 @@ class ExitActs:
         for output_index in sorted({r.output for r in rules}):
             acts = sorted((r.act for r in rules if r.output == output_index), key=lambda a: a.number)
             if output_index >= len(tensors):
-                raise StopCapture(InterventionError(
-                    f"site {acts[0].site!r} names output {output_index} of {call[0]}:{call[1]}, which "
-                    f"returned {len(tensors)} tensor(s); name output 0..{max(len(tensors) - 1, 0)}"))
+                raise StopCapture(InterventionError(outputs_missing(acts[0].site, call, output_index,
+                                                                    len(tensors), output)))
             old = new = tensors[output_index]
             earlier = self.acted.get(id(old))
             if earlier is not None and earlier[0] > acts[0].number:

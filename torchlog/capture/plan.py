@@ -21,7 +21,7 @@ from torchlog.errors import InterventionError
 
 __all__ = ["Act", "ExitRule", "Firing", "FiringRecord", "OpPlan", "OpRule", "OpView", "StopCapture",
            "deliver", "first_difference", "is_written", "max_change", "out_of_order", "run_action",
-           "substitute", "unfit", "unreachable"]
+           "inputs_missing", "outputs_missing", "substitute", "unfit", "unreachable"]
 
 
 class OpView(NamedTuple):
@@ -55,6 +55,8 @@ class Firing(NamedTuple):
     label: str | None  # the pass label, when known before the pass (label sites)
     # For a module site: (which tensor of the module's return value, how many it returned).
     module_output: tuple[int, int] | None = None
+    # For a module-input site: (which tensor of the module's arguments, how many it got).
+    module_input: tuple[int, int] | None = None
 
 
 class FiringRecord(NamedTuple):
@@ -105,6 +107,9 @@ class OpPlan:
     at_calls: Mapping[tuple[int, int], tuple[int, str, tuple[Act, ...]]] = field(default_factory=dict)
     at_ops: tuple[OpRule, ...] = ()
     at_exits: Mapping[str, tuple[ExitRule, ...]] = field(default_factory=dict)
+    # module address -> rules acting on what its calls receive (`ExitRule.output`: which
+    # tensor of the arguments), before its forward runs.
+    at_entries: Mapping[str, tuple[ExitRule, ...]] = field(default_factory=dict)
     # The logged pass's op names by node index, which the pass must repeat up to each
     # `at_calls` site (and up to `stop_node`) before acting on it.
     expected: tuple[str, ...] = ()
@@ -132,7 +137,7 @@ class OpPlan:
     @property
     def acts(self) -> bool:
         """Whether the plan changes any value (a plan may only stop)."""
-        return bool(self.at_calls or self.at_ops or self.at_exits or self.at_nodes)
+        return bool(self.at_calls or self.at_ops or self.at_exits or self.at_nodes or self.at_entries)
 
 
 class StopCapture(BaseException):
@@ -246,7 +251,10 @@ def run_action(act: Act, value: torch.Tensor, firing: Firing, overwritten: bool 
             shape, dtype and device.
     """
     where = f"at op {firing.op_index} ({firing.func_name!r}"
-    if firing.module_call:
+    if firing.module_input:
+        index, count = firing.module_input
+        where += f", input {index} of {count} of {firing.module_call[0]}:{firing.module_call[1]}"
+    elif firing.module_call:
         where += f", output {_output_text(firing)} of {firing.module_call[0]}:{firing.module_call[1]}"
     where += ")"
     if firing.label is not None:
@@ -301,3 +309,23 @@ def unreachable(site: Any, module_call: tuple[str, int], index: int, count: int,
             f"{address!r} returns a {kind} torchlog cannot rebuild with the new tensor in it, so the "
             "change would never reach the model; name the op that made that tensor instead (its label, "
             "or a torchlog.select.func selector inside the module)")
+
+
+def outputs_missing(site: Any, module_call: tuple[str, int], index: int, count: int, output: Any) -> str:
+    """Why a module site cannot act on output `index`: the call returned fewer tensors
+    than that (none at all, when they sit in a container torchlog does not look into)."""
+    address, call = module_call
+    if count == 0:
+        return (f"site {site!r}: {address}:{call} returned a {type(output).__name__} with no tensor "
+                "torchlog can find in it, so no change could reach the model; name the op that made "
+                "the value instead (its label, or a torchlog.select.func selector inside the module)")
+    return (f"site {site!r} names output {index} of {address}:{call}, which returned {count} "
+            f"tensor(s); name output 0..{count - 1}")
+
+
+def inputs_missing(site: Any, module_call: tuple[str, int], index: int, count: int) -> str:
+    """Why a module-input site cannot act: the call received fewer tensors."""
+    address, call = module_call
+    return (f"site {site!r} names input {index} of {address}:{call}, which received {count} tensor(s)"
+            + (f"; name input 0..{count - 1}" if count else "; a module that takes no tensor has no "
+               "input to act on: name the op inside it instead"))

@@ -19,7 +19,8 @@ from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
 from torchlog.capture.options import CaptureOptions
 from torchlog.capture.plan import (Act, Firing, FiringRecord, OpView, StopCapture, deliver, first_difference,
-                                   is_written, out_of_order, run_action, substitute, unreachable)
+                                   inputs_missing, is_written, outputs_missing, out_of_order, run_action, substitute,
+                                   unreachable)
 from torchlog.errors import InterventionError
 from torchlog.labels import layer_type_of
 from torchlog.capture.profile import OpProfiler
@@ -198,6 +199,7 @@ class Recorder:
         self._acting_ops = self._acting_ops or bool(self._act_nodes)
         self._stopping = plan is not None and (plan.stop_node is not None or plan.stop_on is not None)
         self._acting_exits = plan is not None and bool(plan.at_exits or plan.stop_exit or plan.save_exits)
+        self.acting_inputs = plan is not None and bool(plan.at_entries)  # read by the forward wrappers
         self.firings: list[FiringRecord] = []  # every action applied, in order
         self.stopped_at: int | None = None  # the node after which the pass was stopped
         self._checked = 0  # nodes found equal to the plan's logged pass so far
@@ -505,7 +507,7 @@ class Recorder:
         opts = self.options
         if opts.on_node is not None:
             opts.on_node(node, t)
-        if opts.save_all or index in opts.save_indices:
+        if opts.save_all or index in opts.save_indices or (self._save_tests and self._chosen_by_test(node)):
             if prior is not None and not changed and prior.saved is not None and opts.save_all:
                 node.saved = prior.saved  # an op that returned its input unchanged: store once
                 if prior.index in self._saved_versions:  # copied along with it before a write
@@ -782,8 +784,8 @@ class Recorder:
         values the plan asks for; stop after the call if the plan says so."""
         plan = self._plan
         rules = plan.at_exits.get(call[0]) if plan.at_exits else None
-        if rules and returned:
-            for output_index in sorted({r.output for r in rules}):
+        if rules:
+            for output_index in sorted({r.output for r in rules if r.call is None or r.call == call[1]}):
                 output = self._act_on_output(call, output, returned, output_index, rules)
         saves = plan.save_exits.get(call[0]) if plan.save_exits else None
         if saves is not None and (not saves or call[1] in saves):
@@ -801,9 +803,8 @@ class Recorder:
         """The module's return value with its `output_index`-th tensor edited by the rules
         naming it (an error when it has no such tensor, or one the edit cannot reach)."""
         if output_index >= len(returned):
-            raise StopCapture(InterventionError(
-                f"site {rules[0].act.site!r} names output {output_index} of {call[0]}:{call[1]}, which "
-                f"returned {len(returned)} tensor(s); name output 0..{len(returned) - 1}"))
+            raise StopCapture(InterventionError(outputs_missing(rules[0].act.site, call, output_index,
+                                                                len(returned), output)))
         index = returned[output_index]
         node = self.nodes[index]
         view = OpView(node.func_name, _layer_type(node.func_name), node.module_path,
@@ -912,6 +913,34 @@ class Recorder:
         self.module_stack = self.module_stack + ((address, count),)
         self.module_sites = self.module_sites + (self._call_site(module_caller(frame)),)
         self.module_frames = self.module_frames + (frame,)
+
+    def act_on_inputs(self, address: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """What module `address` (the call just entered) receives, with the plan's
+        module-input actions applied; the replacement reads as the value's own node to the
+        module's ops, and every other reader keeps the value as it was."""
+        call = self.module_stack[-1]
+        rules = [r for r in self._plan.at_entries.get(address, ()) if r.call is None or r.call == call[1]]
+        if not rules:
+            return args, kwargs
+        with torch._C.DisableTorchFunction():
+            found = [t for t, _ in find_tensors((args, kwargs)) if id(t) not in self.param_info]
+            for index in sorted({r.output for r in rules}):
+                acts = sorted((r.act for r in rules if r.output == index), key=_act_number)
+                if index >= len(found):
+                    raise StopCapture(InterventionError(inputs_missing(acts[0].site, call, index, len(found))))
+                old = found[index]
+                ref = self.producer.get(id(old))
+                node = self.nodes[self._current_node(old, ref) if ref is not None else self._source_for(old)]
+                new = old
+                for act in acts:
+                    new = self._apply(act, new, Firing(act.site, node.index, node.func_name, call, None, None,
+                                                       (index, len(found))))
+                if new is not old:
+                    args, kwargs = substitute((args, kwargs), old, new)
+                    ref = _TensorRef(new, self._forget)
+                    ref.key, ref.node, ref.version = id(new), node.index, _version(new)
+                    self.producer[id(new)] = ref
+        return args, kwargs
 
     def leave(self, address: str, output: Any) -> Any:
         """Module `address` returned `output`; returns what its caller gets (`output`, or

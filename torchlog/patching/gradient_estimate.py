@@ -9,7 +9,6 @@ gives every site's gradient without touching any parameter's `.grad`.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +20,8 @@ from torchlog.model_state import model_kept
 from torchlog.patching.result import PatchResult, PatchRow
 from torchlog.patching.runs import Edit, run_patched
 from torchlog.patching.site_sweep import module_of
-from torchlog.patching.sweep_setup import check_corrupted, check_positions, number, prepare_sweep
+from torchlog.patching.sweep_setup import (check_corrupted, check_metrics, check_positions, number,
+                                          prepare_sweep)
 
 __all__ = ["attribution"]
 
@@ -38,7 +38,8 @@ def attribution(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric
 
     Raises:
         InvalidOptionError: the metric does not depend on the activations by a gradient
-            (an integer output), and what `sweep` raises for bad sites and metrics.
+            (an integer output), or it is equal (or not finite) on the clean and corrupted
+            outputs; and what `sweep` raises for bad sites and metrics.
 
     Example:
         >>> import torch, torchlog
@@ -77,6 +78,7 @@ def attribution(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric
                 f"{value!r:.80}; compute it with torch ops from the output's floating-point values "
                 "(e.g. a logit difference)")
         setup.corrupted_metric = number(value, "metric(corrupted output)")
+        check_metrics(setup.clean_metric, setup.corrupted_metric)
         labels = [label for label, joined in kept.items() if joined.requires_grad]
         grads = torch.autograd.grad(value.reshape(()), [kept[label] for label in labels], allow_unused=True)
     gradient = dict(zip(labels, grads))
@@ -93,6 +95,6 @@ def attribution(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric
         for position in positions if positions is not None else [None]:
             estimate = 0.0 if sums is None else sums if position is None else sums[position]
             metric_estimate = setup.corrupted_metric + estimate
-            effect = estimate / gap if gap != 0 else math.nan
+            effect = estimate / gap  # check_metrics refused gap == 0
             rows.append(PatchRow(target.site, label, module_of(target.record), position, metric_estimate, effect))
     return PatchResult(rows, setup.clean_metric, setup.corrupted_metric, "attribution", setup.history)

@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from torchlog.capture.lean import run_lean
-from torchlog.capture.module_acts import ExitActs
-from torchlog.capture.plan import Act, ExitRule, Firing, OpPlan, StopCapture
+from torchlog.capture.plan import Act, ExitRule, Firing, OpPlan
 from torchlog.errors import InterventionError
 from torchlog.patching.prefix import Prefix
 from torchlog.records import PassRecord
@@ -86,15 +85,10 @@ def run_patched(model: nn.Module, args: tuple, kwargs: dict, edits: Sequence[Edi
 
 def _run(model: nn.Module, args: tuple, kwargs: dict, plan: OpPlan, named_modules: dict[str, nn.Module],
          calls: list | None) -> Any:
-    """The forward: plain with the plan's module hooks (only module outputs edited, no call
-    list asked for), else the lean capture, appending its calls to `calls`."""
-    if not plan.at_calls and calls is None:
-        try:
-            with ExitActs(plan, named_modules):
-                return model(*args, **kwargs)
-        except StopCapture as stop:
-            raise stop.error from None
-    lean = run_lean(model, args, kwargs, {}, plan=plan, named_modules=list(named_modules.items()))
+    """The forward through the lean capture (module hooks alone when only module outputs
+    are edited and no call list is asked for), appending its calls to `calls`."""
+    lean = run_lean(model, args, kwargs, {}, plan=plan, named_modules=list(named_modules.items()),
+                    count=calls is not None)
     if calls is not None:
         calls.extend(lean.calls)
     return lean.output

@@ -14,7 +14,6 @@ writes the values the corrupted run already has there is not run at all.
 from __future__ import annotations
 
 import difflib
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -74,7 +73,9 @@ def sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any, metric: Call
     Raises:
         InterventionError: a site matches nothing, or the corrupted input runs other ops before it.
         InvalidArgumentTypeError, InvalidOptionError: a metric that gives no number, positions
-            out of range for a site's value, a bad batch_size.
+            out of range for a site's value, a bad batch_size; InvalidOptionError also when
+            the metric is equal (or not finite) on the clean and corrupted outputs, where
+            the normalised effect does not exist (raised before any patched run).
 
     Example:
         >>> import torch, torchlog
@@ -291,7 +292,7 @@ def _rows(output: Any, start: int, stop: int, total: int) -> Any:
 
 def _row(setup: Setup, target: Target, position: int | None, value: float) -> PatchRow:
     gap = setup.clean_metric - setup.corrupted_metric
-    effect = (value - setup.corrupted_metric) / gap if gap != 0 else math.nan
+    effect = (value - setup.corrupted_metric) / gap  # prepare_sweep refused gap == 0
     return PatchRow(target.site, target.record.label, module_of(target.record), position, value, effect)
 
 

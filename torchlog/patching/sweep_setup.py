@@ -28,7 +28,8 @@ from torchlog.records import NodeKind
 from torchlog.sites.select import Selector
 from torchlog.sites.resolve import call_positions, resolve
 
-__all__ = ["Setup", "check_corrupted", "check_positions", "find_targets", "number", "prepare_sweep"]
+__all__ = ["Setup", "check_corrupted", "check_metrics", "check_positions", "find_targets", "number",
+           "prepare_sweep"]
 
 
 @dataclass
@@ -105,6 +106,7 @@ def prepare_sweep(model: nn.Module, clean: Any, corrupted: Any, sites: Any,
                          if t.call in corrupted_pass.saved})
         setup.corrupted_metric = number(metric(corrupted_pass.output), "metric(corrupted output)")
         setup.corrupted_output = corrupted_pass.output
+        check_metrics(setup.clean_metric, setup.corrupted_metric)
     return setup
 
 
@@ -209,6 +211,27 @@ def check_positions(setup: Setup, positions: Sequence[int] | None, position_dim:
                 raise InvalidOptionError(
                     f"position {position!r} is out of range for site {target.site!r}'s pass "
                     f"{target.record.label!r} of shape {shape} along dimension {position_dim}")
+
+
+def check_metrics(clean_metric: float, corrupted_metric: float) -> None:
+    """Refuse the two unpatched runs' metrics when they leave the normalised effect
+    `(metric - corrupted) / (clean - corrupted)` undefined: equal, or not finite. Every row
+    would be NaN, so this is checked before any patched run.
+
+    Raises:
+        InvalidOptionError: naming both metric values.
+    """
+    values = f"the clean output and {corrupted_metric!r} on the corrupted one"
+    if not (math.isfinite(clean_metric) and math.isfinite(corrupted_metric)):
+        raise InvalidOptionError(
+            f"metric gives {clean_metric!r} on {values}; effects are normalised by the difference "
+            "of the two, which needs finite numbers: make the metric finite on both outputs")
+    if clean_metric == corrupted_metric:
+        raise InvalidOptionError(
+            f"metric gives {clean_metric!r} on {values}: they are equal, so the normalised effect "
+            "(metric - corrupted) / (clean - corrupted) does not exist at any site; use a corrupted "
+            "input that changes the metric, or a metric that tells the two outputs apart (e.g. a "
+            "logit difference)")
 
 
 def number(value: Any, what: str) -> float:

@@ -14,8 +14,7 @@ from torchlog.api import log_forward_pass
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY
 from torchlog.capture.ops import describe
-from torchlog.capture.plan import Act, Firing, unfit
-from torchlog.capture.plan import max_change, out_of_order
+from torchlog.capture.plan import Act, Firing, StopCapture, out_of_order, outputs_missing, run_action
 from torchlog.capture.plan import FiringRecord
 from torchlog.capture.rng import rng_restored
 from torchlog.capture.writes import returns_nothing_but_writes
@@ -160,6 +159,11 @@ def _planned(history: ModelHistory, passes: list[PassRecord], sites: tuple[Site,
     for site in sites:
         given = site.given
         selector = given if isinstance(given, Selector) else _module_of(given, types)
+        if selector is not None and selector.stage == "entry":
+            raise InterventionError(
+                f"site {given!r} acts on what a module receives, which replay cannot recompute from "
+                "the saved passes (the value stays what it was for readers outside the module); run "
+                "the model with it: log_forward_pass(..., intervene=...) or torchlog.run")
         if selector is not None and selector.stage == "exit":
             targets = list(_exit_targets(history, site, selector, types))
         elif selector is not None and selector.stage == "op":
@@ -219,23 +223,26 @@ def _exit_targets(history: ModelHistory, site: Site, selector: Selector,
     target = exit_part(selector)
     condition = None if target is selector else selector.op_test(types)
     if isinstance(target, _Module):
-        addresses, call = [target.address], target.call
+        addresses, call, output = [target.address], target.call, target.output or 0
     else:
-        addresses, call = [a for a, kind in types.items() if kind == target.type_name], None
+        addresses, call, output = [a for a, kind in types.items() if kind == target.type_name], None, 0
     by_label = {p.label: p for p in all_passes(history)}
     for address in addresses:
         module = history.modules.get(address)
         for number, outputs in enumerate(module.call_outputs if module is not None else (), start=1):
             if not outputs or (call is not None and number != call):
                 continue
-            record = by_label[outputs[0]]
+            if output >= len(outputs):
+                raise InterventionError(outputs_missing(site.given, (address, number), output, len(outputs), None))
+            record = by_label[outputs[output]]
             if condition is not None and not condition(view_of(record)):
                 continue
             text = f"{address}:{number}"
             inside = [by_label[label].op_index for label in module.call_layers[number - 1]
                       if label in by_label]
             after = max(inside, default=record.op_index)
-            firing = Firing(site.given, record.op_index, record.func_name, (address, number), None)
+            firing = Firing(site.given, record.op_index, record.func_name, (address, number), None,
+                            (output, len(outputs)))
             order = (after, 1, record.output_of_modules.index(text), site.number)
             yield _Planned(order, Act(site.number, site.given, site.action), firing, text, after)
 
@@ -474,20 +481,13 @@ def _acted(record: PassRecord, value: torch.Tensor, acts: list[_Planned], state:
 
 
 def _applied(planned: _Planned, value: torch.Tensor, firings: list) -> torch.Tensor:
-    """One action on `value`, checked as an intervened run checks it, and noted in `firings`."""
-    act, firing = planned.act, planned.firing
-    where = f"at op {firing.op_index} ({firing.func_name!r}"
-    where += f", output of {firing.module_call[0]}:{firing.module_call[1]})" if firing.module_call else ")"
+    """One action on `value`, checked as an intervened run checks it (capture/plan.py's
+    `run_action`), and noted in `firings`."""
     try:
-        new = act.action(value, firing)
-    except Exception as exc:
-        raise InterventionError(f"the action {act.action!r} of site {act.site!r} raised "
-                                f"{type(exc).__name__} {where}: {exc}") from exc
-    problem = unfit(new, value)
-    if problem is not None:
-        raise InterventionError(f"the action {act.action!r} of site {act.site!r} {problem} {where}; an "
-                                "action must return a tensor of the value's shape, dtype and device")
-    firings.append((planned.order, FiringRecord(act.number, firing, act.action, max_change(value, new), value.detach())))
+        new, record = run_action(planned.act, value, planned.firing)
+    except StopCapture as stop:
+        raise stop.error from stop.error.__cause__
+    firings.append((planned.order, record))
     return new
 
 

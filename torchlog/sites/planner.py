@@ -13,6 +13,7 @@ when a guess was wrong.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torchlog.capture.plan import Act, ExitRule, OpPlan, OpRule
@@ -22,7 +23,7 @@ from torchlog.labels import parse_label
 from torchlog.records import PassRecord
 from torchlog.sites.entries import SITE_FORMS, Site
 from torchlog.sites.resolve import acted_on, call_positions, exit_part, parts, resolve
-from torchlog.sites.select import Selector, _InModule, _Module, _ModuleType, _Where
+from torchlog.sites.select import Selector, _InModule, _Module, _ModuleInput, _ModuleType, _Where
 
 __all__ = ["Planner"]
 
@@ -41,8 +42,10 @@ class Planner:
         self.sites = sites
         self.stop_after = stop_after
         self._types = {address: type(module).__name__ for address, module in named_modules if address}
+        self._modules = dict(named_modules)
         self._ops: list[OpRule] = []
         self._exits: dict[str, list[ExitRule]] = {}
+        self._entries: dict[str, list[ExitRule]] = {}  # module-input sites, by address
         self._later: list[Site] = []  # sites resolved on a probe
         self._guesses: dict[int, list[tuple[str, Act]]] = {}  # node index -> (layer type, act)
         self._guessed: list[Site] = []  # the label sites behind them
@@ -78,7 +81,8 @@ class Planner:
         and the saves decided as the pass runs (the capture's `save_indices` and
         `save_all` come from `save_indices` and `save_everything`)."""
         stop_node, stop_type = self._stop_guess if self._stop_guess is not None else (None, None)
-        return OpPlan(at_ops=tuple(self._ops), at_exits=self._exit_rules(), stop_exit=self._stop_exit,
+        return OpPlan(at_ops=tuple(self._ops), at_exits=self._exit_rules(), at_entries=self._entry_rules(),
+                      stop_exit=self._stop_exit,
                       stop_node=stop_node, stop_type=stop_type,
                       at_nodes={index: (found[0][0], tuple(act for _, act in found))
                                 for index, found in self._guesses.items()},
@@ -152,11 +156,14 @@ class Planner:
         names = tuple(p.func_name for p in passes)
         calls = tuple(names[i] for i, (_, output) in sorted(positions.items()) if output == 0)
         return OpPlan(at_calls=at_calls, at_ops=tuple(self._ops), at_exits=self._exit_rules(),
-                      expected=names, expected_calls=calls, stop_node=stop_node, stop_exit=stop_exit,
+                      at_entries=self._entry_rules(), expected=names, expected_calls=calls, stop_node=stop_node, stop_exit=stop_exit,
                       stop_call=positions[stop_node][0] if stop_node in positions else None)
 
     def _exit_rules(self) -> dict[str, tuple[ExitRule, ...]]:
         return {address: tuple(rules) for address, rules in self._exits.items()}
+
+    def _entry_rules(self) -> dict[str, tuple[ExitRule, ...]]:
+        return {address: tuple(rules) for address, rules in self._entries.items()}
 
     def _place_entry(self, entry: Any) -> None:
         """File a `layers_to_save` entry as a save decided while the pass runs, or as one
@@ -196,6 +203,11 @@ class Planner:
         if selector.stage == "op":
             self._ops.append(OpRule(selector.op_test(self._types), act, _uses_position(selector)))
             return
+        if selector.stage == "entry":  # a module input: `select.module_input(address, call, index)`
+            _check_takes_inputs(self._modules[selector.address], given)
+            self._entries.setdefault(selector.address, []).append(
+                ExitRule(selector.call, None, act, selector.index))
+            return
         target = exit_part(selector)  # a module (maybe one call of it), or a module type
         condition = None if target is selector else selector.op_test(self._types)
         if isinstance(target, _Module):
@@ -230,7 +242,7 @@ class Planner:
     def _check_modules(self, selector: Selector, given: Any) -> None:
         """Refuse before the pass a selector naming a module or type the model lacks."""
         for part in parts(selector):
-            if isinstance(part, (_Module, _InModule)) and part.address not in self._types:
+            if isinstance(part, (_Module, _InModule, _ModuleInput)) and part.address not in self._types:
                 near = closest_matches(part.address, self._types)
                 raise InterventionError(
                     f"site {given!r} names module {part.address!r}, which the model does not "
@@ -295,3 +307,15 @@ def _reached(partial: ModelHistory, entries: list) -> set[int]:
         except InvalidOptionError:
             continue  # it may name an op after the failure, which never ran: nothing to save
     return chosen
+
+
+def _check_takes_inputs(module: Any, given: Any) -> None:
+    """Refuse, before the pass, a module-input site on a module whose forward takes no argument."""
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return  # a forward without a readable signature: the pass says what it received
+    if not parameters:
+        raise InterventionError(
+            f"site {given!r} names an input of {type(module).__name__}, whose forward takes no "
+            "argument, so there is nothing to act on; name an op inside it or its output instead")

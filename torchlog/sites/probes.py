@@ -63,5 +63,10 @@ class ProbeCache:
     def drop(self, key: tuple) -> None:
         self._probes.pop(key, None)
 
+    def drop_model(self, model: nn.Module) -> None:
+        """Forget every probe of `model` (after changing it in a way its signature misses)."""
+        for key in [k for k, (ref, _) in self._probes.items() if ref() is model or k[0] == id(model)]:
+            del self._probes[key]
+
 
 PROBES = ProbeCache()

@@ -25,13 +25,13 @@ from collections.abc import Callable
 from typing import Any
 
 from torchlog.capture.plan import OpView
-from torchlog.errors import InvalidArgumentTypeError
+from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
 from torchlog.labels import layer_type_of
 from torchlog.records import LayerRecord, PassRecord
 
 ModelHistory = Any  # a torchlog.history.ModelHistory; the history sits above the selectors
 
-__all__ = ["OpView", "Selector", "func", "in_module", "label", "module", "module_type", "where"]
+__all__ = ["OpView", "Selector", "func", "in_module", "label", "module", "module_input", "module_type", "where"]
 
 
 def view_of(record: PassRecord) -> OpView:
@@ -204,6 +204,27 @@ class _Module(Selector):
         return f"module({', '.join(args)})"
 
 
+class _ModuleInput(Selector):
+    """What a module call receives: the `index`-th tensor of its arguments."""
+
+    stage = "entry"
+
+    def __init__(self, address: str, call: int | None = None, index: int = 0) -> None:
+        self.address, self.call, self.index = address, call, index
+
+    def passes_in(self, history: ModelHistory) -> set[int]:
+        raise InvalidOptionError(
+            f"{self!r} names what a module receives, which is an intervention site, not a pass of "
+            "the history; to save or find it, name the op that made it (its label) or the "
+            "module's output before it")
+
+    def __repr__(self) -> str:
+        args = [repr(self.address)] + ([str(self.call)] if self.call is not None else [])
+        if self.index:
+            args.append(f"index={self.index}")
+        return f"module_input({', '.join(args)})"
+
+
 class _ModuleType(Selector):
     stage = "exit"
 
@@ -329,6 +350,21 @@ def module(address: str, call: int | None = None, output: int | None = None) -> 
     if output is not None and (isinstance(output, bool) or not isinstance(output, int) or output < 0):
         raise InvalidArgumentTypeError(f"select.module output must be an int >= 0 or None, got {output!r}")
     return _Module(_text(address, "module"), call, output)
+
+
+def module_input(address: str, call: int | None = None, index: int = 0) -> Selector:
+    """What module `address` receives: the `index`-th tensor of its arguments (positional
+    first, then keywords, in order), at every call or at call `call`. As an intervention
+    site it changes the value the module's forward gets, after the user's own forward
+    pre-hooks, as TransformerLens's `hook_resid_pre` or nnsight's `.input` do; the value
+    stays what it was for every other reader. It is not a pass of the history: the firing
+    is recorded on the pass that made the value (`history.interventions`).
+    """
+    if call is not None and (isinstance(call, bool) or not isinstance(call, int) or call < 1):
+        raise InvalidArgumentTypeError(f"select.module_input call must be an int >= 1 or None, got {call!r}")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise InvalidArgumentTypeError(f"select.module_input index must be an int >= 0, got {index!r}")
+    return _ModuleInput(_text(address, "module_input"), call, index)
 
 
 def module_type(type_name: str) -> Selector:

@@ -240,3 +240,24 @@ def test_a_sweep_by_replay_equals_the_sweep_by_rerun() -> None:
         assert a.metric == pytest.approx(b.metric, rel=1e-6, abs=1e-7), a.label
     with pytest.raises(InvalidOptionError, match=r"engine must be 'rerun' or 'replay', got 'fast'"):
         sweep(model, clean, corrupted, sites, _metric, engine="fast")
+
+
+@pytest.mark.parametrize("method", [sweep, attribution])
+def test_equal_clean_and_corrupted_metrics_are_refused_naming_both(method) -> None:
+    # The normalised effect divides by clean - corrupted: with equal metrics every row
+    # would be NaN, so the sweep refuses before running any patch.
+    model, clean, _ = _setup()
+    with pytest.raises(InvalidOptionError, match=r"metric gives (-?\d\S*) on the clean output and \1 on "
+                                                r"the corrupted one: they are equal") as raised:
+        method(model, clean, clean.clone(), ["blocks.0"], _metric)
+    with torch.no_grad():
+        assert float(raised.value.args[0].split()[2]) == pytest.approx(float(_metric(model(clean))), abs=1e-6)
+    # A metric blind to the input (a constant of the output's dtype): both values are 0.0.
+    with pytest.raises(InvalidOptionError, match=r"0\.0 on the clean output and 0\.0 on the corrupted one"):
+        method(model, clean, torch.randn(1, 5, 4), ["blocks.0"], lambda out: out.sum() * 0)
+
+
+def test_a_metric_that_is_not_finite_is_refused_naming_both() -> None:
+    model, clean, corrupted = _setup()
+    with pytest.raises(InvalidOptionError, match=r"metric gives nan on the clean output and nan .*finite"):
+        sweep(model, clean, corrupted, ["blocks.0"], lambda out: out.sum() * float("nan"), progress=False)

@@ -1,0 +1,120 @@
+"""`torchlog.run`: a model's output under interventions, at the cost of a hooked forward, with no log."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from torchlog.api import probe_for
+from torchlog.arguments import Request, prepare
+from torchlog.capture.lean import run_lean
+from torchlog.capture.plan import FiringRecord
+from torchlog.errors import InterventionError, InvalidOptionError
+from torchlog.interventions.records import InterventionRecord, part_of
+from torchlog.model_state import eager_submodules, model_kept
+from torchlog.options import LogOptions
+from torchlog.seeding import seeded
+
+__all__ = ["RunResult", "run"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What `torchlog.run` returns: the model's output and every action applied."""
+
+    output: Any  # what forward returned; None when stop_after ended the pass
+    interventions: tuple[InterventionRecord, ...]  # one per action applied, in order
+    stopped: bool = False  # the pass ended at stop_after
+
+
+def run(model: nn.Module, input_args: Any, input_kwargs: dict[str, Any] | None = None, *,
+        intervene: Any = None, stop_after: Any = None, random_seed: int | None = None) -> RunResult:
+    """Run `model` on the inputs with `intervene` applied, and return only its output and
+    the firings: the inner loop of an experiment, at about the cost of a forward with one
+    plain hook.
+
+    Sites and actions are those of `log_forward_pass(intervene=...)`, honoured by the same
+    plan (torchlog/sites): module addresses and selectors on function and module are
+    decided as the pass runs, with module hooks alone where nothing else is needed and the
+    lean capture (a TorchFunctionMode that counts calls, records nothing) otherwise. A site
+    that names a pass by label or position is found on a logged pass of the model first,
+    kept per model and input signature, so only the first call with a new input shape pays
+    for it. A site that acts nowhere is an error, and the model is left as it was.
+    A firing's label is the probe's pass label for label sites, and the module call
+    ('transformer.h.1:1') for module sites (no pass labels exist without a log).
+
+    Args:
+        model, input_args, input_kwargs: as for `log_forward_pass`.
+        intervene: {site: action} or a list of (site, action) pairs.
+        stop_after: a site after which the pass ends (`output` is then None).
+        random_seed: seed the RNGs for the pass (and put them back after it).
+
+    Returns:
+        A RunResult.
+
+    Raises:
+        InterventionError: a site matched nothing, an action failed, or the pass ran other
+            ops than the probe its label sites were found in.
+        InvalidOptionError: neither intervene nor stop_after (use the model itself).
+        Whatever the model raises.
+
+    Example:
+        >>> import torch, torchlog
+        >>> from torchlog.interventions import zero_ablate
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+        >>> result = torchlog.run(net, torch.ones(2, 3), intervene={'1': zero_ablate()})
+        >>> torch.equal(result.output, net[2].bias.expand(2, 1)), result.interventions[0].label
+        (True, '1:1')
+    """
+    if intervene is None and stop_after is None:
+        raise InvalidOptionError("torchlog.run needs intervene= or stop_after=; without them call the model itself")
+    options = LogOptions(layers_to_save=None, intervene=intervene, stop_after=stop_after, random_seed=random_seed)
+    request = prepare(model, input_args, input_kwargs, options)
+    planner = request.acting
+    for attempt in range(2):
+        probe = None
+        if planner.needs_probe or planner.guesses:
+            probe, _ = probe_for(request, fresh=attempt > 0)
+        plan = planner.first_plan() if probe is None else planner.plan(probe)
+        try:
+            seen = _lean(request, plan)
+        except InterventionError as error:
+            if probe is None or attempt or not getattr(error, "torchlog_ops_changed", False):
+                raise
+            continue  # the model runs other ops than its kept probe: probe again
+        records = tuple(_record(fired) for fired in seen.firings)
+        _check_fired(planner.sites, records, seen.stopped)
+        return RunResult(None if seen.stopped else seen.output, records, seen.stopped)
+    raise AssertionError("unreachable")
+
+
+def _lean(request: Request, plan: Any) -> Any:
+    """One lean pass of the request's model under `plan`, seeded, with its state kept."""
+    with seeded(request.seed, numpy=request.options.random_seed is not None), \
+            model_kept(request.named_modules), eager_submodules(request.named_modules):
+        return run_lean(request.model, request.args, request.kwargs, {}, plan=plan,
+                        named_modules=request.named_modules, count=False)
+
+
+def _record(fired: FiringRecord) -> InterventionRecord:
+    firing = fired.firing
+    if firing.label is not None:
+        where = firing.label
+    elif firing.module_call is not None:
+        where = f"{firing.module_call[0]}:{firing.module_call[1]}"
+    else:
+        where = f"{firing.func_name} in {firing.module_call or 'the model'}"
+    return InterventionRecord(firing.site, where, fired.action, float(fired.max_abs_change),
+                              firing.op_index, fired.number, part=part_of(firing))
+
+
+def _check_fired(sites: tuple, records: tuple[InterventionRecord, ...], stopped: bool) -> None:
+    """Refuse a run in which a site never acted: nothing passes silently."""
+    fired = {record.number for record in records}
+    missing = [site for site in sites if site.number not in fired]
+    if missing:
+        after = " before the pass was stopped" if stopped else ""
+        raise InterventionError(
+            f"intervene site {missing[0].given!r} matched no op of this run{after}, so its action "
+            f"{missing[0].action!r} was never applied")
