@@ -4,7 +4,7 @@ PIP := .venv/bin/pip
 
 .PHONY: demo test setup dot browser bench docs clean
 
-.venv/.installed: setup.cfg pyproject.toml
+.venv/.installed: setup.py setup.cfg pyproject.toml
 	python3 -m venv .venv
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e ".[all]"

@@ -1,5 +1,5 @@
 """Test setup shared by every test file: import paths, a guard against leaked capture state, and
-`torchlog.lint` on every history built while a test runs (tests/lint_plugin.py)."""
+`torchlog.lint` on every history built while a test runs (torchlog_lint_plugin.py)."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +15,7 @@ if _ROOT not in sys.path:
 
 # setup.cfg's addopts load it too (`-p`, for the doctests); named here, it still lints the tests of
 # a run that overrides addopts.
-pytest_plugins = ("tests.lint_plugin",)
+pytest_plugins = ("torchlog_lint_plugin",)
 
 
 @pytest.fixture(autouse=True)

@@ -34,14 +34,14 @@ def check_history(history: ModelHistory, postfunc_used: bool = False,
 
 # ----- every history built while a test, a docstring example or a tutorial runs ---------------------
 NOTE = ("(the test suite lints every ModelHistory built while a test, a docstring example or a "
-        "tutorial runs, as it is built: tests/lint_plugin.py, tests/test_tutorials.py; mark a test "
+        "tutorial runs, as it is built: torchlog_lint_plugin.py, tests/test_tutorials.py; mark a test "
         "@pytest.mark.no_lint('why') if it must build a broken one)")
 
 
 class LintTally:
     """What `linting` checked in this process: `histories`, the `seconds` lint took, and the
     `failures` (LintError messages naming their history) of the running test, which
-    tests/lint_plugin.py empties per test."""
+    torchlog_lint_plugin.py empties per test."""
 
     histories = 0
     seconds = 0.0

@@ -246,7 +246,7 @@ def test_every_history_built_while_a_test_runs_is_linted_as_it_is_built(request:
     claim = ("The test suite lints every `ModelHistory` built while a test, a docstring example, a "
              "page's example or a tutorial runs, as it is built")
     assert claim in " ".join(_page().split()), f"docs/design.md no longer says {claim!r}"
-    assert request.config.pluginmanager.has_plugin("tests.lint_plugin"), "tests/lint_plugin.py is not loaded"
+    assert request.config.pluginmanager.has_plugin("torchlog_lint_plugin"), "torchlog_lint_plugin.py is not loaded"
     history = torchlog.log_forward_pass(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()),
                                         torch.ones(1, 2))
     checked = TALLY.histories
@@ -272,14 +272,15 @@ def test_the_lint_reaches_what_the_page_says() -> None:
     ini = configparser.ConfigParser()
     ini.read(ROOT / "setup.cfg")
     addopts = shlex.split(ini["tool:pytest"]["addopts"])
-    assert "--doctest-modules" in addopts and "-p tests.lint_plugin" in " ".join(addopts), (
-        f"setup.cfg's addopts {addopts} do not run docstring examples with tests/lint_plugin.py, as "
-        f"docs/design.md says (`-p tests.lint_plugin`, `--doctest-modules`)")
-    assert "`-p tests.lint_plugin`" in text and "`tests/conftest.py` names" in text
+    assert "--doctest-modules" in addopts and "-p torchlog_lint_plugin" in " ".join(addopts), (
+        f"setup.cfg's addopts {addopts} do not run docstring examples with torchlog_lint_plugin.py, as "
+        f"docs/design.md says (`-p torchlog_lint_plugin`, `--doctest-modules`)")
+    assert "`-p torchlog_lint_plugin`" in text and "`tests/conftest.py` names" in text
     conftest = ast.parse((ROOT / "tests" / "conftest.py").read_text())
     named = [ast.literal_eval(n.value) for n in conftest.body if isinstance(n, ast.Assign)
              and any(getattr(t, "id", None) == "pytest_plugins" for t in n.targets)]
-    assert named and "tests.lint_plugin" in named[0], "tests/conftest.py's pytest_plugins omits tests.lint_plugin"
+    assert named and "torchlog_lint_plugin" in named[0], (
+        "tests/conftest.py's pytest_plugins omits torchlog_lint_plugin")
     recipe = re.search(r"^test:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M)
     assert recipe, "the Makefile has no test target"
     folders = re.findall(r"`(torchlog|vis|storage)/`", text.split("--doctest-modules", 1)[1].split(";", 1)[0])

@@ -1,5 +1,5 @@
 """The documentation: the site builds in strict mode, the pages' and the README quickstart's examples run
-(each history they build linted by tests/lint_plugin.py), and every page the README links to exists."""
+(each history they build linted by torchlog_lint_plugin.py), and every page the README links to exists."""
 from __future__ import annotations
 
 import doctest

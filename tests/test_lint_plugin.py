@@ -1,4 +1,4 @@
-"""tests/lint_plugin.py, as setup.cfg loads it: a docstring example that builds a broken history
+"""torchlog_lint_plugin.py, as setup.cfg loads it: a docstring example that builds a broken history
 fails, naming the history and the broken invariant, whether it raises or catches the LintError."""
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def caught():
 
 def test_a_docstring_example_that_builds_a_broken_history_fails_naming_it(tmp_path: Path) -> None:
     (tmp_path / "examples.py").write_text(MODULE)
-    # setup.cfg as the ini file: its addopts (--doctest-modules, -p tests.lint_plugin) and pythonpath.
+    # setup.cfg as the ini file: its addopts (--doctest-modules, -p torchlog_lint_plugin) and pythonpath.
     done = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "setup.cfg"), "-p", "no:cacheprovider",
                            "-rA", "examples.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr

@@ -45,7 +45,9 @@ def run(model: nn.Module, input_args: Any, input_kwargs: dict[str, Any] | None =
     ('transformer.h.1:1') for module sites (no pass labels exist without a log).
 
     Args:
-        model, input_args, input_kwargs: as for `log_forward_pass`.
+        model: the module to run; it is left as it was.
+        input_args: a tensor, or a list/tuple of positional arguments, as for `log_forward_pass`.
+        input_kwargs: keyword arguments for forward.
         intervene: {site: action} or a list of (site, action) pairs.
         stop_after: a site after which the pass ends (`output` is then None).
         random_seed: seed the RNGs for the pass (and put them back after it).
@@ -57,7 +59,7 @@ def run(model: nn.Module, input_args: Any, input_kwargs: dict[str, Any] | None =
         InterventionError: a site matched nothing, an action failed, or the pass ran other
             ops than the probe its label sites were found in.
         InvalidOptionError: neither intervene nor stop_after (use the model itself).
-        Whatever the model raises.
+        Exception: whatever the model raises, unchanged.
 
     Example:
         >>> import torch, torchlog

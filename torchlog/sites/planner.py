@@ -102,10 +102,17 @@ class Planner:
         fired: dict[int, set[int]] = {}
         for record in history.info.interventions:
             fired.setdefault(record.number, set()).add(record.op_index)
+        ended = history.is_partial or history.stopped_at is not None
         for site in self._guessed:
             try:
-                wanted = {acted_on(passes, i, site.given).op_index for i in resolve(history, [site.given])}
-            except (InvalidOptionError, InterventionError):
+                found = resolve(history, [site.given])
+            except InvalidOptionError:
+                found = set()
+            if not found and not ended:
+                self._found(history, site.given, "intervene")  # names nothing in a whole pass: raises
+            try:
+                wanted = {acted_on(passes, i, site.given).op_index for i in found}
+            except InterventionError:
                 return None
             if fired.get(site.number, set()) != wanted:
                 return None
@@ -114,8 +121,9 @@ class Planner:
         saved = {p.op_index for p in passes if p.saved is not None}
         if self.entries is None:
             return saved
-        chosen = _reached(history, self.entries) if history.is_partial else _chosen(history, self.entries)
-        return chosen if chosen is not None and chosen <= saved else None
+        # An entry that names nothing in a whole pass raises here (InvalidOptionError).
+        chosen = _reached(history, self.entries) if history.is_partial else resolve(history, self.entries)
+        return chosen if chosen <= saved else None
 
     def _stopped_as_asked(self, history: ModelHistory, passes: list[PassRecord]) -> bool:
         if history.stopped_at is None:
@@ -289,13 +297,6 @@ def _node_guess(given: Any, pass_written: bool = False) -> tuple[int, str] | Non
 def _uses_position(selector: Selector) -> bool:
     """Whether an op-stage selector may read an op's position (a `where` predicate)."""
     return any(isinstance(part, _Where) for part in parts(selector))
-
-
-def _chosen(history: ModelHistory, entries: list) -> set[int] | None:
-    try:
-        return resolve(history, entries)
-    except InvalidOptionError:
-        return None
 
 
 def _reached(partial: ModelHistory, entries: list) -> set[int]:

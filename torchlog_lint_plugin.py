@@ -1,9 +1,11 @@
 """The pytest plugin that lints every ModelHistory built while a test or a docstring example runs.
 
-setup.cfg's addopts load it (`-p tests.lint_plugin`), so it reaches the doctests of `torchlog/`,
+setup.cfg's addopts load it (`-p torchlog_lint_plugin`), so it reaches the doctests of `torchlog/`,
 `vis/` and `storage/` as well as the tests; tests/conftest.py names it too, so that a run that
-overrides addopts still lints the tests. The tutorials run in processes of their own:
-tests/test_tutorials.py lints those with `tests/invariants.py`'s `lint_from_now_on`.
+overrides addopts still lints the tests. It sits at the top of the checkout under a name of its
+own because a plugin named `tests.*` fails to load wherever another installed distribution ships
+a top-level `tests` package (tests/test_decoy_tests_package.py). The tutorials run in processes
+of their own: tests/test_tutorials.py lints those with `tests/invariants.py`'s `lint_from_now_on`.
 """
 from __future__ import annotations
 
