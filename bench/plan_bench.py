@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torchlog  # noqa: E402
-from provenance import cpu_model, provenance  # noqa: E402
+from provenance import cpu_model, provenance, provenance_line  # noqa: E402
 from torchlog import select  # noqa: E402
 from torchlog.interventions import scale  # noqa: E402
 from torchlog.sites.probes import PROBES  # noqa: E402
@@ -154,7 +154,7 @@ def main() -> None:
     torch.manual_seed(0)
     gpt2, ids = models.gpt2_small().eval(), torch.randint(0, 1000, (1, 64))
     recurrent, series = models.SimpleRecurrent().eval(), torch.rand(2, 5)
-    lines = [f"plan_bench: torchlog {provenance()['commit']}, {cpu_model()}, {torch.get_num_threads()} thread, "
+    lines = [provenance_line(), f"plan_bench: torchlog {provenance()['commit']}, {cpu_model()}, {torch.get_num_threads()} thread, "
              f"{args.rounds} rounds, median process CPU time, torch.no_grad()"]
     with torch.no_grad():
         lines.append("GPT-2 (6 layers, hidden 256, 64 tokens)")

@@ -8,7 +8,8 @@ batch runs once, with module hooks when every entry is a module address, else un
 lean capture, which copies the first batch's call positions and places. (A selection the
 lean capture cannot find, a buffer for one, has each batch logged once instead; with a
 callback that needs each batch's history, each batch is logged with `layers_to_save`,
-which runs the model twice: log_forward_pass's own probe.)
+which runs the model once where log_forward_pass can decide the entries while the pass
+runs, and twice (its probe) where it cannot: docs/design.md section 4.)
 
 A batch whose module or op sequence differs from the first batch's is not run again. For
 module entries each chosen module's k-th call gives the labels its k-th call gave on the

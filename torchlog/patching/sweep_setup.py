@@ -24,9 +24,8 @@ from torchlog.history import ModelHistory, all_passes
 from torchlog.model_state import model_kept
 from torchlog.patching.prefix import rng_states, same_states
 from torchlog.patching.runs import Target
-from torchlog.records import NodeKind
-from torchlog.sites.select import Selector
-from torchlog.sites.resolve import call_positions, resolve
+from torchlog.sites.entries import check_site
+from torchlog.sites.resolve import acted_on, call_positions, resolve
 
 __all__ = ["Setup", "check_corrupted", "check_metrics", "check_positions", "find_targets", "number",
            "prepare_sweep"]
@@ -149,24 +148,15 @@ def find_targets(history: ModelHistory, sites: list) -> list[Target]:
     found: list[Target] = []
     seen: set[int] = set()
     for site in sites:
-        if not isinstance(site, (str, int, Selector)) or isinstance(site, bool):
-            raise InvalidArgumentTypeError(
-                f"site {site!r} of type {type(site).__name__} is not accepted; a site is a label, a "
-                "module address, an int position or a torchlog.select selector")
+        check_site(site, "sweep")
         try:
             indexes = resolve(history, [site])
-        except Exception:
+        except InvalidOptionError:
             indexes = set()
         if not indexes:
             raise InterventionError(f"site {site!r} matches no pass of the clean run")
         for index in sorted(indexes):
-            record = passes[index]
-            if record.kind == NodeKind.OUTPUT:
-                record = history[record.parents[0].label]
-            if record.kind not in (NodeKind.OP, NodeKind.CREATED) or record.op_index not in positions:
-                raise InterventionError(
-                    f"site {site!r} names pass {record.label!r}, a {record.kind.value} tensor no op "
-                    "made; patch the op that uses it, or the input itself")
+            record = acted_on(passes, index, site)  # an op's pass, or refused naming why
             if record.op_index in seen:
                 continue
             seen.add(record.op_index)

@@ -24,11 +24,11 @@ from torchlog.history import ModelHistory, all_passes
 from torchlog.interventions.records import intervention_records
 from torchlog.sites.entries import Site, check_intervene
 from torchlog.sites.random_ops import RANDOM_OPS
-from torchlog.sites.resolve import acted_on, exit_part
+from torchlog.sites.resolve import acted_on, exit_part, module_selector
 from torchlog.records import LayerRecord, NodeKind, PassRecord, TensorMeta
 from torchlog.sites.select import Selector, _Module, view_of
 from torchlog.sites.resolve import resolve
-from torchlog.replay.rerun import op_context, replaced, value_mismatch
+from torchlog.rerun import op_context, replaced, value_mismatch
 
 __all__ = ["replay"]
 
@@ -158,7 +158,7 @@ def _planned(history: ModelHistory, passes: list[PassRecord], sites: tuple[Site,
     found: dict[int, list[_Planned]] = {}
     for site in sites:
         given = site.given
-        selector = given if isinstance(given, Selector) else _module_of(given, types)
+        selector = given if isinstance(given, Selector) else module_selector(given, types)
         if selector is not None and selector.stage == "entry":
             raise InterventionError(
                 f"site {given!r} acts on what a module receives, which replay cannot recompute from "
@@ -188,18 +188,6 @@ def _planned(history: ModelHistory, passes: list[PassRecord], sites: tuple[Site,
                 raise InterventionError(out_of_order(target.act.site, later[0].act.site, firing.op_index,
                                                      firing.func_name, firing.module_call))
     return found
-
-
-def _module_of(given: Any, types: dict[str, str]) -> Selector | None:
-    """`select.module(...)` for a str naming a module ('h.0') or one call of it ('cell:3')."""
-    if not isinstance(given, str):
-        return None
-    if given in types:
-        return _Module(given)
-    address, _, call = given.rpartition(":")
-    if address in types and call.isdigit() and int(call) >= 1:
-        return _Module(address, int(call))
-    return None
 
 
 def _resolved(history: ModelHistory, given: Any) -> list[int]:
@@ -454,7 +442,7 @@ def _call(record: PassRecord, parents: dict[str, Any], draws: bool) -> list[torc
 
 
 def _context_of(record: PassRecord) -> Any:
-    """The grad, inference and autocast state the op ran in (replay/rerun.py's op_context),
+    """The grad, inference and autocast state the op ran in (rerun.py's op_context),
     or nothing to enter when only grad mode was recorded and it is already as recorded."""
     context = record.extra.get(OP_CONTEXT_KEY)
     if context is None:

@@ -10,7 +10,8 @@ from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
 from torchlog.interventions.actions import Action, as_action
 from torchlog.sites.select import Selector
 
-__all__ = ["SELECTION_FORMS", "SITE_FORMS", "Site", "check_entries", "check_intervene", "check_stop_after"]
+__all__ = ["SELECTION_FORMS", "SITE_FORMS", "Site", "check_entries", "check_intervene", "check_site",
+           "check_stop_after"]
 
 SELECTION_FORMS = (
     "'all', None, or a list mixing layer labels ('conv2d_3_7', 'linear_1_1:2'), module "
@@ -92,7 +93,7 @@ def check_intervene(intervene: Any) -> tuple[Site, ...]:
             f"{intervene!r} of type {type(intervene).__name__}")
     if not pairs:
         raise InvalidOptionError("intervene is empty; pass None for no interventions, or {site: action}")
-    return tuple(Site(number, _checked_site(site, "intervene"), as_action(action, site))
+    return tuple(Site(number, check_site(site, "intervene"), as_action(action, site))
                  for number, (site, action) in enumerate(pairs))
 
 
@@ -102,10 +103,12 @@ def check_stop_after(stop_after: Any) -> Any:
     Raises:
         InvalidArgumentTypeError: any other type.
     """
-    return None if stop_after is None else _checked_site(stop_after, "stop_after")
+    return None if stop_after is None else check_site(stop_after, "stop_after")
 
 
-def _checked_site(site: Any, what: str) -> Any:
+def check_site(site: Any, what: str) -> Any:
+    """`site` when it is of a type a site may be (for `what`'s messages), else raise
+    InvalidArgumentTypeError naming it and the forms a site takes."""
     if isinstance(site, Selector) or (isinstance(site, str) and site) or (
             isinstance(site, int) and not isinstance(site, bool)):
         return site

@@ -22,7 +22,7 @@ from torchlog.history import ModelHistory, all_passes
 from torchlog.labels import parse_label
 from torchlog.records import PassRecord
 from torchlog.sites.entries import SITE_FORMS, Site
-from torchlog.sites.resolve import acted_on, call_positions, exit_part, parts, resolve
+from torchlog.sites.resolve import acted_on, call_positions, exit_part, module_selector, parts, resolve
 from torchlog.sites.select import Selector, _InModule, _Module, _ModuleInput, _ModuleType, _Where
 
 __all__ = ["Planner"]
@@ -228,14 +228,7 @@ class Planner:
 
     def _module_selector(self, given: Any) -> Selector | None:
         """`select.module(...)` for a string naming a module ('h.0', 'cell:3'), else None."""
-        if not isinstance(given, str):
-            return None
-        if given in self._types:
-            return _Module(given)
-        address, _, call = given.rpartition(":")
-        if address in self._types and call.isdigit() and int(call) >= 1:
-            return _Module(address, int(call))
-        return None
+        return module_selector(given, self._types)
 
     def _module_call(self, site: Any) -> tuple[str, int] | None:
         """(address, call) when `site` names a module call, decided while the pass runs: a

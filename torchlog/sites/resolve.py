@@ -12,7 +12,7 @@ from torchlog.sites.select import Selector, _Module, _ModuleType
 
 _OP_KINDS = (NodeKind.OP, NodeKind.CREATED)
 
-__all__ = ["acted_on", "call_positions", "exit_part", "parts", "resolve"]
+__all__ = ["acted_on", "call_positions", "exit_part", "module_selector", "parts", "resolve"]
 
 
 def resolve(history: ModelHistory, entries: Sequence[int | str]) -> set[int]:
@@ -107,3 +107,16 @@ def parts(selector: Selector) -> list[Selector]:
 
 def exit_part(selector: Selector) -> Selector:
     return next(p for p in parts(selector) if isinstance(p, (_Module, _ModuleType)))
+
+
+def module_selector(given: Any, addresses: Any) -> Selector | None:
+    """`select.module(...)` for a str naming a module of `addresses` ('h.0') or one call of
+    it ('cell:3'), else None: how every consumer reads a module address."""
+    if not isinstance(given, str):
+        return None
+    if given in addresses:
+        return _Module(given)
+    address, _, call = given.rpartition(":")
+    if address in addresses and call.isdigit() and int(call) >= 1:
+        return _Module(address, int(call))
+    return None
