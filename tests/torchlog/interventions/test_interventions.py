@@ -714,3 +714,21 @@ def test_intervened_passes_are_drawn_in_their_own_style_and_name_the_action(tmp_
     assert "intervened" in data["dot"]["kinds"]
     page = history.to_html(str(tmp_path / "acted.html"))
     assert json.dumps("intervened: scale(k=0.5)") in open(page, encoding="utf-8").read()
+
+
+def test_a_replacement_of_the_wrong_shape_names_the_site_the_op_and_the_pass_label() -> None:
+    class Loop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            for _ in range(3):
+                x = self.fc(x)
+            return x
+
+    for site in ("fc:2", "linear_1_1:2", select.module("fc", 2)):
+        with pytest.raises(InterventionError) as caught:
+            torchlog.log_forward_pass(Loop(), torch.ones(1, 3), intervene={site: torch.zeros(2, 2)})
+        text = str(caught.value)
+        assert f"site {site!r}" in text and "at op 2 ('linear'" in text and "pass 'linear_1_1:2'" in text, text

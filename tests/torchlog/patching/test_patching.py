@@ -261,3 +261,25 @@ def test_a_metric_that_is_not_finite_is_refused_naming_both() -> None:
     model, clean, corrupted = _setup()
     with pytest.raises(InvalidOptionError, match=r"metric gives nan on the clean output and nan .*finite"):
         sweep(model, clean, corrupted, ["blocks.0"], lambda out: out.sum() * float("nan"), progress=False)
+
+
+class WritesOut(nn.Module):
+    """Writes its add into a tensor it made (`out=`) and reads that tensor, not the add's result."""
+
+    def forward(self, x):
+        c = torch.empty(3)
+        torch.add(x, 1, out=c)
+        return c * 2
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_sweep_over_an_out_argument_op_patches_what_the_model_reads(batch_size) -> None:
+    """The whole difference between the inputs passes through the add, so patching it in
+    restores the clean metric: effect 1 (it was reported as 0 when the lean capture swapped
+    only the returned value and the model read the unedited `out=` tensor)."""
+    clean, corrupted = torch.ones(3), torch.full((3,), 5.0)
+    history = torchlog.log_forward_pass(WritesOut(), clean)
+    add = next(p.label for p in history.passes if p.func_name == "add")
+    keywords = {} if batch_size is None else {"batch_size": batch_size}
+    result = sweep(WritesOut(), clean, corrupted, [add], lambda out: out.sum(), **keywords)
+    assert [row.effect for row in result] == [pytest.approx(1.0)]
