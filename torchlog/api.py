@@ -123,7 +123,10 @@ def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistor
         return _run(request, request.capture, started, prune=False, gradient_sink=gradient_sink)
     # One pass where everything named can be decided while it runs (guesses are checked
     # on the finished history); a sink streams what it is given, so it gets no guesses.
-    if not planner.needs_probe and (request.capture.sink is None or not planner.guesses):
+    # A kept probe for this input signature makes guessing needless: the exact plan runs once.
+    kept = planner.guesses and PROBES.get(request.model, signature(
+        request.model, request.named_modules, request.args, request.kwargs)) is not None
+    if not planner.needs_probe and not kept and (request.capture.sink is None or not planner.guesses):
         capture = replace(request.capture, plan=planner.first_plan(),
                           save_all=request.capture.save_all or planner.save_everything,
                           save_indices=planner.save_indices)

@@ -137,6 +137,9 @@ def test_a_label_after_a_loop_is_resolved_on_a_probe_which_the_next_call_reuses(
     with Counted(model) as again:
         torchlog.log_forward_pass(model, x, intervene={"tanh_1_2:3": scale(0.0)})
     assert again.calls == 1  # the kept probe resolves it: one pass
+    with Counted(model) as repeated:
+        torchlog.log_forward_pass(model, x, intervene={head: zero_ablate()})
+    assert repeated.calls == 1  # the wrong guess is not made again: the kept probe places the label
     with Counted(model) as other_shape:
         torchlog.log_forward_pass(model, torch.rand(5, 3), intervene={"tanh_1_2:3": scale(0.0)})
     assert other_shape.calls == 2  # another input signature: probed anew
