@@ -109,7 +109,9 @@ def _rows(pairs: list[Pair], runs: tuple[ModelHistory, ModelHistory],
         drawn = (x.label in drew[0] or y.label in drew[1]) and all(
             status_of.get(label, Status.MATCH) == Status.MATCH for label in x.parent_labels)
         status, diff, reference = judge(x, y, tolerance, drawn)
-        held.keep(x, None if reference is None else reference.value)
+        if reference is not None:
+            held.keep(x, reference.value)
+            local.note_peak(x, reference.peak)
         if diff == SAME:
             local.note_exact(y)
         error = local.of(x, y, reference, held, diff) if status in _COMPARED else None

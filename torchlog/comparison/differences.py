@@ -6,13 +6,15 @@ from typing import NamedTuple
 
 import torch
 
+from torchlog.comparison.magnitudes import Magnitude, magnitudes
 from torchlog.comparison.tolerances import Tolerance
 
 __all__ = ["Difference", "Reference", "difference", "working_dtype", "SAME"]
 
 
 class Difference(NamedTuple):
-    """How `b` differs from `a`, computed in the wider of their dtypes.
+    """How `b` differs from `a`, computed in the wider of their dtypes, without overflow or
+    underflow (see `torchlog.comparison.magnitudes`): a value holding finfo.min has a norm.
 
     Differences are taken where both values are finite; NaN and Inf must sit at the same
     places with the same sign, or every figure is inf (cosine NaN).
@@ -25,14 +27,21 @@ class Difference(NamedTuple):
 
     def within(self, tolerance: Tolerance) -> bool:
         """Whether max |a - b| <= atol + rtol * max |a|."""
-        if self.max_abs == 0.0:
+        if self.max_abs <= tolerance.atol:
             return True
-        scale = self.max_abs / self.max_rel  # max |a|: 0.0 where max_rel is inf
-        return self.max_abs <= tolerance.atol + tolerance.rtol * scale
+        if tolerance.rtol == 0.0:
+            return False
+        if self.max_rel <= tolerance.rtol:
+            return True
+        # With max |a| = max_abs / max_rel, kept out of the sum: it may pass a float's
+        # range (max_rel underflows) where the test itself does not.
+        return self.max_abs * (1.0 - tolerance.rtol / self.max_rel) <= tolerance.atol
 
 
 SAME = Difference(0.0, 0.0, 0.0, 1.0)
 _APART = Difference(math.inf, math.inf, math.inf, math.nan)
+# Up to this |r - 1/r| + q, the cosine is taken from the norms (see `_cosine`).
+_NORMS_CLOSE = 1.0
 
 
 def difference(a: torch.Tensor, b: torch.Tensor) -> Difference:
@@ -60,7 +69,12 @@ class Reference:
     def __init__(self, value: torch.Tensor) -> None:
         self.value = value.detach()
         self._work: tuple[torch.dtype, torch.Tensor] | None = None
-        self._figures: tuple[float, float] | None = None  # (max |a|, ||a||) in that dtype
+        self._figures: Magnitude | None = None  # of that conversion
+
+    @property
+    def peak(self) -> float | None:
+        """max |value|, once a value that differs from it was compared; else None."""
+        return None if self._figures is None else self._figures.peak
 
     def difference(self, b: torch.Tensor) -> Difference:
         """How `b` differs from this value (see `difference`).
@@ -93,39 +107,31 @@ def working_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
     return torch.float64 if wide else torch.float32
 
 
-def _figures(x: torch.Tensor, y: torch.Tensor, known: tuple[float, float] | None
-             ) -> tuple[Difference | None, tuple[float, float] | None]:
-    """The figures of two tensors (None when a NaN or Inf made them meaningless), and
-    `x`'s largest size and norm, worked out unless `known` gives them.
+def _figures(x: torch.Tensor, y: torch.Tensor, known: Magnitude | None
+             ) -> tuple[Difference | None, Magnitude]:
+    """The figures of two tensors of the working dtype (None when either holds a NaN or
+    Inf), and the magnitude of `x`, worked out unless `known` gives it.
 
-    The reductions are read back at once (one device sync): the extremes of the
-    difference and of `x` (aminmax is several times faster than an inf-norm on CPU) and
-    the L2 norms; the dot product comes from them, as ||a - b||^2 = ||a||^2 + ||b||^2 - 2 <a, b>.
+    The difference's and `x`'s extremes and norms and `y`'s norm are read back at once
+    (one device sync); the dot product comes from the norms, as
+    ||a - b||^2 = ||a||^2 + ||b||^2 - 2 <a, b>, unless that loses precision. Finite values
+    whose difference overflows the dtype (finfo.max against finfo.min) are halved first.
     """
     diff = x - y
-    parts = [*_extremes(diff), torch.linalg.vector_norm(diff), torch.linalg.vector_norm(y)]
-    if known is None:
-        parts += [*_extremes(x), torch.linalg.vector_norm(x)]
-    read = torch.stack(parts).tolist()  # one real dtype: float32 or float64, read exactly
-    low, high, norm_diff, norm_b = read[:4]
-    if known is None:
-        known = (max(-read[4], read[5]), read[6])
-    max_abs, (scale, norm_a) = max(-low, high), known
-    if not all(math.isfinite(v) for v in (max_abs, scale, norm_diff, norm_a, norm_b)):
-        return None, known
+    found = magnitudes((diff,) if known is not None else (diff, x), norm_only=(y,))
+    size_d, size_b = found[0], found[-1]
+    size_a = known if known is not None else found[1]
+    if not (size_a.is_finite and size_b.is_finite):
+        return None, size_a
+    scale_a, scale_b, max_abs = size_a, size_b, size_d.peak
+    if not size_d.is_finite:  # figures of the halves: max_abs alone may pass a float's range
+        size_d = magnitudes([x * 0.5 - y * 0.5])[0]
+        scale_a, scale_b, max_abs = size_a.times(0.5), size_b.times(0.5), 2.0 * size_d.peak
     if max_abs == 0.0:  # equal values (-0.0 and 0.0, or of two dtypes): cosine exactly 1
-        return SAME, known
-    dot = (norm_a * norm_a + norm_b * norm_b - norm_diff * norm_diff) / 2
-    return Difference(max_abs, _ratio(max_abs, scale), _ratio(norm_diff, norm_a),
-                      _cosine(dot, norm_a, norm_b)), known
-
-
-def _extremes(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The least and greatest of a real tensor; 0 and the largest modulus of a complex one."""
-    if not t.is_complex():
-        return torch.aminmax(t)
-    size = t.abs()
-    return torch.zeros((), dtype=size.dtype, device=size.device), size.max()
+        return SAME, size_a
+    rel_a, rel_b = size_d.ratio(scale_a), size_d.ratio(scale_b)
+    return Difference(max_abs, _ratio(size_d.peak, scale_a.peak), rel_a,
+                      _cosine(x, y, size_a, size_b, rel_a * rel_b)), size_a
 
 
 def _nonfinite_figures(x: torch.Tensor, y: torch.Tensor) -> Difference:
@@ -140,7 +146,8 @@ def _nonfinite_figures(x: torch.Tensor, y: torch.Tensor) -> Difference:
     if not bool(keep.any()):
         return SAME
     found, _ = _figures(x[keep], y[keep], None)
-    return found if found is not None else _APART  # finite values whose difference overflows
+    assert found is not None  # the values kept are finite
+    return found
 
 
 def _ratio(part: float, whole: float) -> float:
@@ -149,9 +156,22 @@ def _ratio(part: float, whole: float) -> float:
     return part / whole if whole > 0.0 else math.inf
 
 
-def _cosine(dot: float, norm_a: float, norm_b: float) -> float:
-    if norm_a == 0.0 and norm_b == 0.0:
+def _cosine(x: torch.Tensor, y: torch.Tensor, size_a: Magnitude, size_b: Magnitude,
+            q: float) -> float:
+    """<a, b> / (||a|| ||b||) from the magnitudes of a and b and q = ||a - b||^2 / (||a|| ||b||).
+
+    From the norms it is (r + 1/r - q) / 2 with r = ||a|| / ||b||; an error e in the norms
+    moves it by about e (|r - 1/r| + q), which is small for close values. Otherwise the dot
+    product is summed, of the values divided by their largest moduli (no product overflows).
+    """
+    if size_a.peak == 0.0 and size_b.peak == 0.0:
         return 1.0
-    if norm_a == 0.0 or norm_b == 0.0:
+    if size_a.peak == 0.0 or size_b.peak == 0.0:
         return 0.0
-    return max(-1.0, min(1.0, dot / (norm_a * norm_b)))
+    r = size_a.ratio(size_b)
+    if abs(r - 1 / r) + q <= _NORMS_CLOSE:
+        cosine = (r + 1 / r - q) / 2
+    else:
+        dot = torch.sum((x / size_a.peak) * (y / size_b.peak).conj()).real
+        cosine = float(dot) / (size_a.spread * size_b.spread)
+    return max(-1.0, min(1.0, cosine))

@@ -1,6 +1,7 @@
 """The error an op adds on its own: run b's op re-run on run a's parent values, against a's value."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -9,8 +10,8 @@ from torchlog.comparison.alignment import Pair
 from torchlog.comparison.differences import Difference, Reference
 from torchlog.comparison.held_values import HeldValues
 from torchlog.records import PassRecord
-from torchlog.replay.rerun import rerun
-from torchlog.replay.rules import UNDEFINED_VALUES
+from torchlog.rerun import rerun
+from torchlog.validation.rules import UNDEFINED_VALUES
 
 __all__ = ["LocalErrors", "can_rerun"]
 
@@ -33,9 +34,10 @@ class LocalErrors:
     """Re-runs run b's ops on run a's values, one pair at a time.
 
     Each parent of b's op gets its partner's value from run a, cast to the dtype (and
-    moved to the device) b's parent had. A parent only b ran (a cast autocast or a port
-    inserted) is itself re-run from its own parents, up to 8 deep. `failures` names the
-    ops that raised when re-run (label of run a -> the exception), which get no local error.
+    moved to the device) b's parent had, finite values past its range clamped to it. A
+    parent only b ran (a cast autocast or a port inserted) is itself re-run from its own
+    parents, up to 8 deep. `failures` names the ops that raised when re-run (label of run
+    a -> the exception), which get no local error.
     """
 
     def __init__(self, pairs: list[Pair]) -> None:
@@ -44,11 +46,17 @@ class LocalErrors:
         self._last_call: tuple[Any, list[torch.Tensor]] | None = None
         self._exact: set[str] = set()  # b's passes whose values equal their partners' in a
         self._found: dict[str, list[str] | None] = {}  # _sources of b's passes, by label
+        self._peaks: dict[str, float] = {}  # max |value| of run a's passes, where known
         self.failures: dict[str, str] = {}
 
     def note_exact(self, b: PassRecord) -> None:
         """Note that b's pass `b` holds exactly its partner's value in run a."""
         self._exact.add(b.label)
+
+    def note_peak(self, a: PassRecord, peak: float | None) -> None:
+        """Note max |value| of run a's pass `a` (None: not known; a NaN or Inf is not kept)."""
+        if peak is not None and math.isfinite(peak):
+            self._peaks[a.label] = peak
 
     def last_use(self, pairs: list[Pair]) -> dict[str, int]:
         """Per label of run a, the index of the last pair whose re-run reads its value."""
@@ -136,4 +144,17 @@ class LocalErrors:
             raise _Unavailable(partner.label)
         saved = parent.saved
         device = saved.device if isinstance(saved, torch.Tensor) else value.device
-        return value.to(device=device, dtype=parent.dtype)
+        return _cast(value, device, parent.dtype, self._peaks.get(partner.label))
+
+
+def _cast(value: torch.Tensor, device: torch.device, dtype: torch.dtype,
+          peak: float | None) -> torch.Tensor:
+    """Run a's value in the dtype b's parent had. Finite values past that dtype's range
+    become its largest ones, not inf: an additive mask's float32 finfo.min becomes
+    bfloat16's, as b's model made it. `peak` (max |value|, None when not known) spares
+    the look when nothing is past the range."""
+    if dtype.is_floating_point and value.is_floating_point() and dtype != value.dtype:
+        largest = torch.finfo(dtype).max
+        if largest < torch.finfo(value.dtype).max and (peak is None or peak > largest):
+            value = torch.where(torch.isfinite(value), value.clamp(-largest, largest), value)
+    return value.to(device=device, dtype=dtype)

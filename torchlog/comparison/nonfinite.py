@@ -9,7 +9,7 @@ from torch import nn
 
 from torchlog.api import log_prepared
 from torchlog.arguments import prepare
-from torchlog.capture.plan import OpPlan
+from torchlog.capture import OpPlan
 from torchlog.errors import InvalidArgumentTypeError
 from torchlog.history import ModelHistory
 from torchlog.options import LogOptions
@@ -34,8 +34,8 @@ def first_nonfinite(history: ModelHistory) -> PassRecord | None:
         >>> class Net(torch.nn.Module):
         ...     def forward(self, x):
         ...         return (x - 1).log().exp()
-        >>> history = torchlog.log_forward_pass(Net(), torch.zeros(2))
-        >>> history.first_nonfinite().label
+        >>> from torchlog.comparison import first_nonfinite
+        >>> first_nonfinite(torchlog.log_forward_pass(Net(), torch.zeros(2))).label
         'log_1_2'
     """
     if not isinstance(history, ModelHistory):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from torchlog.comparison.rows import Row, Status
-from torchlog.replay.rules import UNDEFINED_VALUES
+from torchlog.validation.rules import UNDEFINED_VALUES
 
 __all__ = ["find_origins"]
 

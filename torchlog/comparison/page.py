@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchlog.comparison.differences import working_dtype
+from torchlog.comparison.magnitudes import extremes
 from torchlog.comparison.rows import Row, Status
 from torchlog.records import PassRecord
 from torchlog.statistics import TensorStats, summarize_all
@@ -83,8 +84,7 @@ def _sections(row: Row, record_a: PassRecord, record_b: PassRecord | None,
         value_a, value_b = _value(record_a), _value(record_b)
         diff = None
         if value_a is not None and value_b is not None and value_a.shape == value_b.shape:
-            work = working_dtype(value_a.dtype, value_b.dtype)
-            diff = value_a.detach().to(work) - value_b.detach().to(device=value_a.device, dtype=work)
+            diff = _difference(value_a.detach(), value_b.detach().to(value_a.device))
         del value_a  # only b's value and the difference wait to be summarised
         if value_b is None:
             own["value"] = "not saved" if record_b.saved is None else "not a tensor"
@@ -96,6 +96,21 @@ def _sections(row: Row, record_a: PassRecord, record_b: PassRecord | None,
             pending.add(sections.setdefault(title, {}), diff)
     sections[ROW_TITLE] = _figures(row)
     return sections
+
+
+def _difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a - b in the comparison's working dtype (`working_dtype`), or in float64 (complex128)
+    where that overflows: the float32 difference of finfo.max and finfo.min is inf, their
+    float64 one is not. NaN and Inf of a or b stay where they are."""
+    work = working_dtype(a.dtype, b.dtype)
+    diff = a.to(work) - b.to(work)
+    # aminmax holds a NaN or Inf when the difference does, and allocates nothing its size.
+    if diff.numel() == 0 or all(math.isfinite(v) for v in torch.stack(extremes(diff)).tolist()):
+        return diff
+    if not bool((torch.isinf(diff) & torch.isfinite(a) & torch.isfinite(b)).any()):
+        return diff
+    wide = torch.complex128 if work.is_complex else torch.float64
+    return a.to(wide) - b.to(wide)
 
 
 def _value(record: PassRecord) -> torch.Tensor | None:

@@ -56,8 +56,8 @@ class Comparison:
         places); the legend names each mark and counts the passes only run b ran. A pass's
         panel shows run a's value, then run b's statistics (its label, shape and dtype where
         they are not a's), those of the difference a - b in the working dtype the comparison
-        used, and the row's figures. Values are read a few pairs at a time, as `compare`
-        reads them (see torchlog.comparison.page).
+        used (in float64 where that overflows), and the row's figures. Values are read a few
+        pairs at a time, as `compare` reads them (see torchlog.comparison.page).
 
         Raises:
             LogFileNotFoundError: the folder of `path` does not exist.

@@ -10,7 +10,7 @@ from torchlog.comparison.differences import Difference, Reference
 from torchlog.comparison.rows import Status
 from torchlog.comparison.tolerances import Tolerance
 from torchlog.records import PassRecord
-from torchlog.replay.rules import UNDEFINED_VALUES
+from torchlog.validation.rules import UNDEFINED_VALUES
 from torchlog.sites.random_ops import RANDOM_OPS
 
 __all__ = ["is_undefined", "random_draws", "judge"]

@@ -432,12 +432,14 @@ class NanInBlockOne(nn.Module):
 def test_first_nonfinite_names_the_op() -> None:
     torch.manual_seed(0)
     history = _log(NanInBlockOne(), torch.randn(2, 4))
-    found = history.first_nonfinite()
+    found = first_nonfinite(history)
     assert found is not None and found.func_name == "log" and found.label == "log_1_4"
     parents = [history[label].tensor_contents for label in found.parent_labels]
     assert all(bool(torch.isfinite(p).all()) for p in parents)
     assert torch.isnan(found.tensor_contents).any()
-    assert _log(nn.Linear(4, 4), torch.randn(2, 4)).first_nonfinite() is None
+    assert first_nonfinite(_log(nn.Linear(4, 4), torch.randn(2, 4))) is None
+    broken = _log(nn.Linear(4, 4), torch.full((2, 4), float("nan")))
+    assert first_nonfinite(broken) is broken[0]  # the input itself
     with pytest.raises(torchlog.InvalidArgumentTypeError, match="got 3 of type int"):
         first_nonfinite(3)
 
@@ -447,7 +449,7 @@ def test_find_nonfinite_stops_at_the_op() -> None:
     model, x = NanInBlockOne(), torch.randn(2, 4)
     full = _log(model, x)
     found = torchlog.find_nonfinite(model, x, random_seed=0)
-    assert found.label == full.first_nonfinite().label == "log_1_4"
+    assert found.label == first_nonfinite(full).label == "log_1_4"
     file, line, source = source_line(found.call_site)
     assert file == __file__ and source == "x = (x - 100).log() + x  # log of a negative value: NaN"
     assert found.module is None and torch.isnan(found.tensor_contents).any()

@@ -10,6 +10,7 @@ import torch
 import torchlog
 from tests.torchlog.comparison.memory_peaks import peak_of
 from tests.torchlog.comparison.test_compare import Mlp, NanInBlockOne
+from torchlog.comparison import first_nonfinite
 
 pytest.importorskip("h5py")
 
@@ -35,7 +36,7 @@ def test_files_give_the_comparison_made_in_memory(tmp_path: Path) -> None:
 def test_first_nonfinite_of_a_file(tmp_path: Path) -> None:
     torch.manual_seed(0)
     torchlog.log_forward_pass(NanInBlockOne(), torch.randn(2, 4), save_to=tmp_path / "nan.h5")
-    assert torchlog.load(tmp_path / "nan.h5").first_nonfinite().label == "log_1_4"
+    assert first_nonfinite(torchlog.load(tmp_path / "nan.h5")).label == "log_1_4"
 
 
 def test_peak_memory_of_comparing_two_files_is_a_few_passes(tmp_path: Path) -> None:
