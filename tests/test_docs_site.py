@@ -94,8 +94,9 @@ def test_site_builds_in_strict_mode(tmp_path: Path) -> None:
     storage = (tmp_path / "api" / "storage" / "index.html").read_text()
     assert 'id="torchlog.storage.load"' in storage, "torchlog.storage is not read from storage/"
     pages = "".join(page.read_text() for page in (tmp_path / "api").rglob("index.html"))
-    for name in ("torchlog", "torchlog.interventions", "torchlog.patching", "torchlog.sites.select",
-                 "torchlog.comparison", "torchlog.export", "torchlog.storage", "torchlog.vis"):
+    for name in ("torchlog", "torchlog.interventions", "torchlog.patching", "torchlog.select",
+                 "torchlog.comparison", "torchlog.export", "torchlog.storage", "torchlog.vis",
+                 "torchlog.validation", "torchlog.replay"):
         module = importlib.import_module(name)
         undocumented = [n for n in module.__all__ if f'id="{name}.{n}"' not in pages]
         assert not undocumented, f"the API reference has no entry for {name}'s {undocumented} (in its __all__)"
