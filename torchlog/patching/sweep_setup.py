@@ -18,7 +18,7 @@ from torch import nn
 
 from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
-from torchlog.capture.lean import call_names, run_lean
+from torchlog.capture import call_names, run_lean
 from torchlog.errors import InterventionError, InvalidArgumentTypeError, InvalidOptionError
 from torchlog.history import ModelHistory, all_passes
 from torchlog.model_state import model_kept
@@ -149,6 +149,10 @@ def find_targets(history: ModelHistory, sites: list) -> list[Target]:
     seen: set[int] = set()
     for site in sites:
         check_site(site, "sweep")
+        if getattr(site, "stage", None) == "entry":
+            raise InterventionError(
+                f"site {site!r} names what a module receives, which is not a pass a sweep can patch; "
+                "patch the op that made the value (its label), or the module's output before it")
         try:
             indexes = resolve(history, [site])
         except InvalidOptionError:

@@ -190,6 +190,9 @@ def test_a_module_input_site_is_refused_where_it_cannot_act() -> None:
         replay(logged, {select.module_input("block"): scale(2.0)})
     with pytest.raises(torchlog.InvalidOptionError, match=r"intervention site, not a pass"):
         torchlog.log_forward_pass(Residual(), torch.ones(1, 4), layers_to_save=[select.module_input("block")])
+    with pytest.raises(InterventionError, match=r"not a pass a sweep can patch"):
+        torchlog.patching.sweep(Residual(), torch.ones(1, 4), torch.zeros(1, 4), [select.module_input("block")],
+                                lambda out: out.sum())
 
 
 def test_a_gpt2_block_input_equals_a_pre_hook_on_the_block() -> None:
