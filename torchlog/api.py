@@ -14,9 +14,7 @@ from torch import nn
 
 from torchlog.arguments import Request, check_render_options, prepare
 from torchlog.assemble import assemble
-from torchlog.capture.call_sites import site_text
-from torchlog.capture.run import module_table
-from torchlog.capture import CaptureOptions, CapturedPass, Failure, run_captured
+from torchlog.capture import CapturedPass, CaptureOptions, Failure, module_table, run_captured, site_text
 from torchlog.collector import collector_paused
 from torchlog.errors import (
     CompiledModelWarning,
@@ -33,7 +31,7 @@ from torchlog.optional import require
 from torchlog.options import LogOptions, merge_options
 from torchlog.records import FailedArg, FailedOp
 from torchlog.seeding import seeded
-from torchlog.sites.planner import Planner, _reached
+from torchlog.sites.planner import Planner, reached
 from torchlog.sites.probes import PROBES, signature
 from torchlog.sites.resolve import resolve
 
@@ -147,7 +145,7 @@ def _probed(request: Request, planner: Planner, started: float, gradient_sink: C
         probe, kept = probe_for(request, started, fresh=attempt > 0)
         plan = planner.plan(probe)
         entries = planner.entries
-        chosen = None if entries is None else (_reached(probe, entries) if probe.is_partial
+        chosen = None if entries is None else (reached(probe, entries) if probe.is_partial
                                                else resolve(probe, entries))
         capture = replace(request.capture, plan=plan) if entries is None else \
             replace(nothing, save_indices=frozenset(chosen), plan=plan)
@@ -161,12 +159,13 @@ def _probed(request: Request, planner: Planner, started: float, gradient_sink: C
     raise AssertionError("unreachable")
 
 
-def probe_for(request: Request, started: float | None = None, fresh: bool = False) -> tuple[ModelHistory, bool]:
+def probe_for(request: Request, started: float | None = None, fresh: bool = False,
+              guess_stop: bool = False) -> tuple[ModelHistory, bool]:
     """The probe of the request's model for its input signature, and whether it was kept
     from an earlier call: the one sites/probes.py keeps (unless `fresh`, which drops it),
     else a new metadata-only pass acting on nothing, stopped where the request's stop is
-    decided while it runs (then it is not kept), which returns its partial history rather
-    than raise when the model raises.
+    decided while it runs (then it is not kept; `guess_stop`: a label's pass guessed by its
+    node too), which returns its partial history rather than raise when the model raises.
     """
     key = signature(request.model, request.named_modules, request.args, request.kwargs)
     if fresh:
@@ -176,7 +175,7 @@ def probe_for(request: Request, started: float | None = None, fresh: bool = Fals
         return probe, True
     planner = request.acting
     nothing = replace(request.capture, save_all=False, save_indices=frozenset(),
-                      plan=None if planner is None else planner.probe_plan())
+                      plan=None if planner is None else planner.probe_plan(guess_stop))
     probe = _run(request, nothing, perf_counter() if started is None else started, prune=False, on_error="return")
     if not probe.is_partial and probe.stopped_at is None:
         PROBES.put(request.model, key, probe)

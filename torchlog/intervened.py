@@ -8,8 +8,7 @@ from torch import nn
 
 from torchlog.api import probe_for
 from torchlog.arguments import Request, prepare
-from torchlog.capture.lean import run_lean
-from torchlog.capture.plan import FiringRecord
+from torchlog.capture import FiringRecord, run_lean
 from torchlog.errors import InterventionError, InvalidOptionError
 from torchlog.interventions.records import InterventionRecord, part_of
 from torchlog.model_state import eager_submodules, model_kept
@@ -77,14 +76,16 @@ def run(model: nn.Module, input_args: Any, input_kwargs: dict[str, Any] | None =
     for attempt in range(2):
         probe = None
         if planner.needs_probe or planner.guesses:
-            probe, _ = probe_for(request, fresh=attempt > 0)
-        plan = planner.first_plan() if probe is None else planner.plan(probe)
+            # A stop at a label's pass stops the probe too, where the label's node says.
+            probe, _ = probe_for(request, fresh=attempt > 0, guess_stop=attempt == 0)
         try:
+            plan = planner.first_plan() if probe is None else planner.plan(probe)
             seen = _lean(request, plan)
         except InterventionError as error:
-            if probe is None or attempt or not getattr(error, "torchlog_ops_changed", False):
+            guessed_wrong = probe is not None and probe.stopped_at is not None and not attempt
+            if not guessed_wrong and (probe is None or attempt or not getattr(error, "torchlog_ops_changed", False)):
                 raise
-            continue  # the model runs other ops than its kept probe: probe again
+            continue  # a probe stopped at a wrong guess, or one the model no longer matches: probe again
         records = tuple(_record(fired) for fired in seen.firings)
         _check_fired(planner.sites, records, seen.stopped)
         return RunResult(None if seen.stopped else seen.output, records, seen.stopped)

@@ -117,7 +117,7 @@ class _LeanMode(TorchFunctionMode):
                 new, record = run_action(act, new, Firing(act.site, index, name, None, label),
                                          written and new is t)
                 self.firings.append(record)
-            out = deliver(out, t, new, written)
+            out = deliver(out, t, new, written, args)
             self.acted[id(t if written else new)] = (acts[-1].number, acts[-1].site)
         return out
 

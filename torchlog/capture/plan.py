@@ -227,17 +227,41 @@ def is_written(t: torch.Tensor, args: tuple, kwargs: Mapping, writes_first_arg: 
     return writes_first_arg or "out" in kwargs or any(t is a for a in args)
 
 
-def deliver(out: Any, t: torch.Tensor, new: torch.Tensor, written: bool) -> Any:
+def deliver(out: Any, t: torch.Tensor, new: torch.Tensor, written: bool, args: tuple = ()) -> Any:
     """What the model gets from an op that returned `out`, once its output `t` is edited to
     `new`: `out` itself with `new` written into `t` (an op that wrote into `t`), else `out`
-    with `t` replaced by `new`. Every executor edits an op's output this way."""
+    with `t` replaced by `new`. Every executor edits an op's output this way.
+
+    A write into `t` also moves the version counter of every argument sharing its memory
+    under a counter of its own (`t.data = v` leaves `t` and `v` one memory, two counters),
+    so whoever checks versions (capture's saved values, a sweep's prefix) sees it.
+    """
     if new is t:
         return out
     if written:
         with torch._C.DisableTorchFunction():  # the write is the action's, not a model op
             t.copy_(new)
+            for alias in _aliases(t, args):
+                torch.autograd.graph.increment_version(alias)
         return out
     return substitute(out, t, new)
+
+
+def _aliases(t: torch.Tensor, args: tuple) -> list[torch.Tensor]:
+    """The tensor arguments other than `t` that share its memory."""
+    try:
+        memory = t.untyped_storage().data_ptr()
+    except RuntimeError:  # a tensor without storage (sparse, meta)
+        return []
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a is not t:
+            try:
+                if a.untyped_storage().data_ptr() == memory:
+                    found.append(a)
+            except RuntimeError:
+                continue
+    return found
 
 
 def run_action(act: Act, value: torch.Tensor, firing: Firing, overwritten: bool = False) -> tuple[torch.Tensor, FiringRecord]:

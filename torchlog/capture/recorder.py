@@ -414,7 +414,7 @@ class Recorder:
                 out = self._record_result(func, name, writes_first_arg, args, kwargs, out,
                                           elapsed, parents, params, None)
             if self._stopping:
-                self._stop_if_due(out)
+                self._stop_if_due(func, args, out)
             return out
         if self.options.save_function_args:
             self._rng_before = self._rng_state(args, kwargs)
@@ -435,7 +435,7 @@ class Recorder:
         if name == "data" and func == _DATA_GET:
             self._watch(args[0])
         if self._stopping:
-            self._stop_if_due(out)
+            self._stop_if_due(func, args, out)
         return out
 
     def _watch(self, t: Any) -> None:
@@ -530,7 +530,7 @@ class Recorder:
             out = self._act(func, name, writes, args, kwargs, out)
         out = self._record_result(func, name, writes, args, kwargs, out, 0, parents, params, None)
         if self._stopping:
-            self._stop_if_due(out)
+            self._stop_if_due(func, args, out)
         return out
 
     def rename_call(self, first_node: int, name: str, func_args: tuple, parents: list,
@@ -775,7 +775,7 @@ class Recorder:
                 new = self._apply(act, new, Firing(act.site, index, name, None, label), written and new is t)
             if written and new is not t and (self._by_storage or self._copier is not None):
                 self.before_write((t,))  # values saved from this memory keep what they held
-            out = deliver(out, t, new, written)
+            out = deliver(out, t, new, written, args)
         return out
 
     def _act_on_exit(self, call: tuple[str, int], output: Any, returned: list[int]) -> Any:
@@ -884,9 +884,10 @@ class Recorder:
         error.torchlog_ops_changed = True
         raise StopCapture(error)
 
-    def _stop_if_due(self, out: Any) -> None:
-        """End the pass if the op that returned `out` (its nodes just recorded) is where the
-        plan stops: its `stop_node`, or the first op with an output `stop_on` accepts."""
+    def _stop_if_due(self, func: Callable, args: tuple, out: Any) -> None:
+        """End the pass if the op `func` that returned `out` (its nodes just recorded) is where
+        the plan stops: its `stop_node`, or the first op with an output `stop_on` accepts (the
+        tensor a None-returning write wrote into counts as its output, as for the lean capture)."""
         plan = self._plan
         stop = plan.stop_node
         if stop is not None and len(self.nodes) > stop and not self._stop_missed:
@@ -900,7 +901,7 @@ class Recorder:
             raise StopCapture()
         if plan.stop_on is not None:
             with torch._C.DisableTorchFunction():  # the test's own ops are not the model's
-                due = any(plan.stop_on(t) for t, _ in find_tensors(out))
+                due = any(plan.stop_on(t) for t, _ in output_tensors(func, args, out))
             if due:
                 self.stopped_at = len(self.nodes) - 1
                 raise StopCapture()

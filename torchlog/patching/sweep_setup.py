@@ -159,6 +159,8 @@ def find_targets(history: ModelHistory, sites: list) -> list[Target]:
             indexes = set()
         if not indexes:
             raise InterventionError(f"site {site!r} matches no pass of the clean run")
+        if getattr(site, "stage", None) == "op":  # a view's value after a write is no op of its own
+            indexes = {i for i in indexes if "view_written_by" not in passes[i].extra}
         for index in sorted(indexes):
             record = acted_on(passes, index, site)  # an op's pass, or refused naming why
             if record.op_index in seen:

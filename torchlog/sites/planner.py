@@ -16,16 +16,17 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from torchlog.capture.plan import Act, ExitRule, OpPlan, OpRule
+from torchlog.capture import Act, ExitRule, OpPlan, OpRule
 from torchlog.errors import InterventionError, InvalidOptionError, closest_matches
 from torchlog.history import ModelHistory, all_passes
 from torchlog.labels import parse_label
 from torchlog.records import PassRecord
 from torchlog.sites.entries import SITE_FORMS, Site
 from torchlog.sites.resolve import acted_on, call_positions, exit_part, module_selector, parts, resolve
-from torchlog.sites.select import Selector, _InModule, _Module, _ModuleInput, _ModuleType, _Where
+from torchlog.sites.select import (InModuleSelector, ModuleInputSelector, ModuleSelector, ModuleTypeSelector,
+                                   Selector, WhereSelector)
 
-__all__ = ["Planner"]
+__all__ = ["Planner", "reached"]
 
 
 class Planner:
@@ -122,7 +123,7 @@ class Planner:
         if self.entries is None:
             return saved
         # An entry that names nothing in a whole pass raises here (InvalidOptionError).
-        chosen = _reached(history, self.entries) if history.is_partial else resolve(history, self.entries)
+        chosen = reached(history, self.entries) if history.is_partial else resolve(history, self.entries)
         return chosen if chosen <= saved else None
 
     def _stopped_as_asked(self, history: ModelHistory, passes: list[PassRecord]) -> bool:
@@ -134,10 +135,15 @@ class Planner:
             return False
         return acted_on(passes, last, self.stop_after).label == history.stopped_at
 
-    def probe_plan(self) -> OpPlan | None:
+    def probe_plan(self, guess_stop: bool = False) -> OpPlan | None:
         """The plan of the pass that finds labels: no actions, only a stop decided while it
-        runs (the probe need not run past it)."""
-        return None if self._stop_exit is None else OpPlan(stop_exit=self._stop_exit)
+        runs, a module call or, with `guess_stop`, a label's pass guessed by its node (the
+        probe need not run past it)."""
+        if self._stop_exit is not None:
+            return OpPlan(stop_exit=self._stop_exit)
+        if guess_stop and self._stop_guess is not None:
+            return OpPlan(stop_node=self._stop_guess[0], stop_type=self._stop_guess[1])
+        return None
 
     def plan(self, probe: ModelHistory) -> OpPlan:
         """The exact plan for a pass like `probe`: the runtime rules, and every other site
@@ -182,10 +188,10 @@ class Planner:
         elif selector is not None and selector.stage == "exit":
             self._check_modules(selector, entry)
             target = exit_part(selector)
-            addresses = ([target.address] if isinstance(target, _Module) else
+            addresses = ([target.address] if isinstance(target, ModuleSelector) else
                          [a for a, kind in self._types.items() if kind == target.type_name])
             for address in addresses:
-                call = target.call if isinstance(target, _Module) else None
+                call = target.call if isinstance(target, ModuleSelector) else None
                 known = self._save_exits.get(address, set())
                 self._save_exits[address] = None if call is None or known is None else known | {call}
         elif isinstance(entry, int) and entry >= 0:
@@ -218,7 +224,7 @@ class Planner:
             return
         target = exit_part(selector)  # a module (maybe one call of it), or a module type
         condition = None if target is selector else selector.op_test(self._types)
-        if isinstance(target, _Module):
+        if isinstance(target, ModuleSelector):
             addresses, call, output = [target.address], target.call, target.output or 0
         else:
             addresses = [a for a, kind in self._types.items() if kind == target.type_name]
@@ -234,8 +240,8 @@ class Planner:
         """(address, call) when `site` names a module call, decided while the pass runs: a
         module address without a call number names its first call (the pass stops as soon
         as it returns; name 'cell:3' to stop after a later one)."""
-        selector = site if isinstance(site, _Module) else self._module_selector(site)
-        if isinstance(selector, _Module):
+        selector = site if isinstance(site, ModuleSelector) else self._module_selector(site)
+        if isinstance(selector, ModuleSelector):
             self._check_modules(selector, site)
             return selector.address, selector.call or 1
         return None
@@ -243,12 +249,13 @@ class Planner:
     def _check_modules(self, selector: Selector, given: Any) -> None:
         """Refuse before the pass a selector naming a module or type the model lacks."""
         for part in parts(selector):
-            if isinstance(part, (_Module, _InModule, _ModuleInput)) and part.address not in self._types:
+            if (isinstance(part, (ModuleSelector, InModuleSelector, ModuleInputSelector))
+                    and part.address not in self._types):
                 near = closest_matches(part.address, self._types)
                 raise InterventionError(
                     f"site {given!r} names module {part.address!r}, which the model does not "
                     f"have{'; closest: ' + ', '.join(near) if near else ''}")
-            if isinstance(part, _ModuleType) and part.type_name not in self._types.values():
+            if isinstance(part, ModuleTypeSelector) and part.type_name not in self._types.values():
                 near = closest_matches(part.type_name, set(self._types.values()))
                 raise InterventionError(
                     f"site {given!r} names module type {part.type_name!r}, which no module of the "
@@ -289,10 +296,10 @@ def _node_guess(given: Any, pass_written: bool = False) -> tuple[int, str] | Non
 
 def _uses_position(selector: Selector) -> bool:
     """Whether an op-stage selector may read an op's position (a `where` predicate)."""
-    return any(isinstance(part, _Where) for part in parts(selector))
+    return any(isinstance(part, WhereSelector) for part in parts(selector))
 
 
-def _reached(partial: ModelHistory, entries: list) -> set[int]:
+def reached(partial: ModelHistory, entries: list) -> set[int]:
     """Op indexes the entries select among the ops that ran before the model raised."""
     chosen: set[int] = set()
     for entry in entries:
