@@ -1,0 +1,63 @@
+"""run_generation: steered tokens through torchlog.run per step, equal to a hooked `generate`
+and to log_generation's, with each firing's step."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchlog
+from torchlog.errors import InterventionError
+from torchlog.generation import run_generation
+from torchlog.interventions import add
+
+from .decoding import hooked_generate, tiny_gpt2
+
+pytestmark = pytest.mark.heavy
+BLOCK = "transformer.h.0"
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    model, prompt = tiny_gpt2()
+    torch.manual_seed(1)
+    return model, prompt, torch.randn(32) * 4.0
+
+
+@pytest.mark.parametrize("steps", [None, [0], [2, 3, 5]], ids=["every", "prompt-only", "chosen"])
+def test_steered_tokens_equal_the_hooked_generate_and_the_logged_generation(gpt2, steps) -> None:
+    model, prompt, vector = gpt2
+    chosen = range(STEPS) if steps is None else steps
+    oracle = hooked_generate(model, prompt, BLOCK, lambda call, h: h + vector if call in chosen else h,
+                             max_new_tokens=STEPS, do_sample=False)
+    steered = run_generation(model, prompt, intervene={BLOCK: add(vector)}, intervene_steps=steps,
+                             max_new_tokens=STEPS, do_sample=False)
+    assert torch.equal(steered.sequences, oracle)
+    assert torch.equal(steered.tokens, oracle[:, prompt.shape[1]:])
+    assert [i.step for i in steered.interventions] == list(chosen) and steered.num_steps == STEPS
+    assert all(i.record.label == f"{BLOCK}:1" for i in steered.interventions)
+    logged = torchlog.log_generation(model, prompt, intervene={BLOCK: add(vector)}, intervene_steps=steps,
+                                     layers_to_save=None, max_new_tokens=STEPS, do_sample=False)
+    assert torch.equal(logged.sequences, oracle)
+    assert "forward" not in vars(model)
+
+
+def test_sampling_with_a_seed_and_a_site_found_on_a_probe(gpt2) -> None:
+    model, prompt, _ = gpt2
+    torch.manual_seed(2)
+    bias = torch.randn(100) * 3.0
+    torch.manual_seed(7)
+    oracle = hooked_generate(model, prompt, "lm_head", lambda call, h: h + bias, max_new_tokens=STEPS,
+                             do_sample=True, top_k=0)
+    torch.manual_seed(7)
+    steered = run_generation(model, prompt, intervene={-2: add(bias)}, max_new_tokens=STEPS,
+                             do_sample=True, top_k=0)
+    assert torch.equal(steered.sequences, oracle)
+
+
+def test_a_site_that_acts_nowhere_is_an_error_with_the_steps_done(gpt2) -> None:
+    model, prompt, vector = gpt2
+    with pytest.raises(InterventionError, match="transformer.h.9") as caught:
+        run_generation(model, prompt, intervene={"transformer.h.9": add(vector)}, max_new_tokens=3)
+    assert caught.value.torchlog_generation.num_steps == 0
+    assert "forward" not in vars(model)

@@ -1,0 +1,130 @@
+"""Each forward call of a generation as one step: the model's forward wrapped while it generates."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlog.errors import GenerationError
+from torchlog.generation.rerun_state import ArgumentState
+
+__all__ = ["LoggedStep", "StepLogger"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedStep:
+    """One forward call of a generation: what the step's runner returned for it (its
+    ModelHistory, or a cheap run's firings) and what the call read and returned."""
+
+    result: Any  # what `run_step` returned: a ModelHistory, or a tuple of InterventionRecord
+    input_ids: torch.Tensor | None  # the tokens it read (None when forward got no token ids)
+    logits: torch.Tensor | None  # its output logits at the last position, detached
+
+
+class StepLogger:
+    """While entered, every call of `model` is one step, run by `run_step`.
+
+    The model's instance `forward` is set to a wrapper for the duration and put back on
+    exit (the attribute the user had, or none), also when generation raises. A call from
+    outside (generate, a decode loop) is a step: `run_step(args, kwargs, k)` runs it, by
+    calling the model again (through `log_forward_pass`, `torchlog.run` or plainly); such
+    an inner call runs the original forward, whose output is handed back to the outer
+    caller unchanged.
+
+    Args:
+        model: the model whose calls are steps.
+        run_step: runs step k, calling the model with its arguments at least once, and
+            returns what the step keeps (`LoggedStep.result`).
+    """
+
+    def __init__(self, model: nn.Module, run_step: Callable[[list, dict[str, Any], int], Any]) -> None:
+        self.model, self.run_step = model, run_step
+        self.steps: list[LoggedStep] = []
+        self._original = model.forward  # the bound forward (or the user's own instance attribute)
+        self._had_own = "forward" in vars(model)
+        self._inside = False
+        self._before: ArgumentState | None = None  # the arguments as the step was given them
+        self._after: ArgumentState | None = None  # as the step's last run left them
+        self._written: torch.Tensor | None = None  # a given tensor a run wrote into
+        self._output: Any = None
+
+    def __enter__(self) -> StepLogger:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return self._run(args, kwargs) if self._inside else self._step(args, kwargs)
+        # The original's signature and name: log_forward_pass reads forward's parameters.
+        self.model.forward = functools.update_wrapper(forward, self._original)
+        return self
+
+    def __exit__(self, *exc_info: object) -> bool:
+        if self._had_own:
+            self.model.forward = self._original
+        else:
+            vars(self.model).pop("forward", None)
+        return False
+
+    def _step(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Run one call as the next step and return what forward returned."""
+        self._before, self._after, self._written = ArgumentState(args, kwargs), None, None
+        self._inside = True
+        try:
+            result = self.run_step(list(args), kwargs, len(self.steps))
+            output = self._output
+        finally:
+            if self._after is not None:
+                self._after.restore()  # the cache as the last run left it, for the next step
+            self._inside, self._before, self._after, self._output = False, None, None, None
+        self.steps.append(LoggedStep(result, _token_ids(args, kwargs), _last_logits(output)))
+        return output
+
+    def _run(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """One run of the original forward inside a logged step. Each run leaves the
+        arguments as the step was given them, since the next run's capture reads them
+        before forward starts.
+
+        Raises:
+            GenerationError: a second run, when the first wrote into a tensor it was given.
+        """
+        if self._written is not None:
+            raise GenerationError(
+                f"a step wrote into a tensor of shape {tuple(self._written.shape)} it was given (a "
+                "static KV cache) and then had to run the model again (to find its sites on a probe, "
+                "or to copy a saved value): the second run would read the written cache. Name "
+                "intervention sites and layers_to_save by module address or full label, which need "
+                "one run, or generate with a dynamic cache")
+        try:
+            self._output = self._original(*args, **kwargs)
+        finally:
+            self._written = self._before.written()
+            self._after = ArgumentState(args, kwargs)
+            self._before.restore()
+        return self._output
+
+
+def _token_ids(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The token ids a forward call read: `input_ids` (or `decoder_input_ids`), else its
+    first positional integer tensor."""
+    for name in ("input_ids", "decoder_input_ids"):
+        if isinstance(kwargs.get(name), torch.Tensor):
+            return kwargs[name].detach()
+    first = args[0] if args else None
+    if isinstance(first, torch.Tensor) and not first.is_floating_point():
+        return first.detach()
+    return None
+
+
+def _last_logits(output: Any) -> torch.Tensor | None:
+    """The logits at the last position of what forward returned: its `logits`, its first
+    element, or the tensor itself."""
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, (tuple, list)) and output:
+        logits = output[0]
+    if logits is None and isinstance(output, torch.Tensor):
+        logits = output
+    if not isinstance(logits, torch.Tensor) or logits.dim() < 2:
+        return None
+    last = logits[..., -1, :] if logits.dim() >= 3 else logits
+    return last.detach().clone()  # a copy: a view would keep the whole logits alive
