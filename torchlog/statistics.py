@@ -2,10 +2,14 @@
 
 `summarize_all` takes many tensors at once: small ones are laid end to end and each statistic
 is one segmented reduction over all of them, so 20,000 small activations cost about as much
-as a few large ones; `summarize` is the same code for one tensor. Every statistic except the
-NaN, Inf and zero counts is over the finite entries, in float64; the std is the population
-std (divided by the number of finite entries, as numpy's and TensorBoard's), not the unbiased
-one; the histogram is numpy's: NUM_BINS equal bins from the min to the max, edge k at
+as a few large ones; `summarize` is the same code for one tensor. Sentinels are counted apart
+and kept out of every other statistic: NaN, +-Inf, and entries equal to the tensor's dtype's
+`finfo.min` or `finfo.max`, the values additive attention masks fill in (transformers'
+`torch.finfo(dtype).min`), `num_masked`. Every statistic except these counts and the zero
+count is over the remaining entries, in float64 (scaled by a power of two near its limits,
+so nothing overflows); the std is the population
+std (divided by the number of entries it covers, as numpy's and TensorBoard's), not the
+unbiased one; the histogram is numpy's: NUM_BINS equal bins from the min to the max, edge k at
 min + k * (max - min) / NUM_BINS, each bin holding its lower edge and the last its upper
 one too, computed the same way on every machine (torch.linspace's edges depend on the
 CPU's vector width).
@@ -44,10 +48,12 @@ class TensorStats:
     mean: float | None
     std: float | None  # population std: sqrt(mean((x - mean)**2)); 0.0 for one entry
     counts: tuple[int, ...]  # NUM_BINS equal bins over [min, max] (numpy's); one when min == max; empty when not asked for
+    num_masked: int = 0  # entries equal to the dtype's finfo.min or finfo.max (a mask's fill)
 
     @property
     def num_finite(self) -> int:
-        return self.numel - self.num_nan - self.num_inf
+        """Entries the statistics cover: neither NaN, Inf nor a mask's fill."""
+        return self.numel - self.num_nan - self.num_inf - self.num_masked
 
     def bin_edges(self) -> list[float]:
         """The len(counts) + 1 edges of the histogram's bins: min + k * (max - min) / bins, and max."""
@@ -242,6 +248,7 @@ def _summarize_group(parts: Sequence[torch.Tensor], histograms: bool) -> list[Te
         x = x[finite]
         segments.keep(finite)
         lo, hi = segments.extremes(x)
+    x, lo, hi, num_masked = _drop_mask_fills(parts, x, segments, lo, hi)
     num_finite = segments.sizes(x)
     # Where |x| is near the float64 limits, x / scale with scale a power of two (exact): no
     # overflow near 1e308 (2**1024 itself is not a float64), no underflow of the squares of
@@ -252,16 +259,44 @@ def _summarize_group(parts: Sequence[torch.Tensor], histograms: bool) -> list[Te
     scaled = x / segments.spread(scale) if bool((exponent != 0).any()) else x
     mean, variance = segments.mean_variance(scaled, num_finite.clamp(min=1).to(torch.float64))
     counts = segments.histograms(scaled, lo / scale, hi / scale).tolist() if histograms else [None] * segments.n
-    columns = zip(sizes, num_nan.tolist(), num_finite.tolist(), num_zero.tolist(), lo.tolist(),
-                  hi.tolist(), (mean * scale).tolist(), (variance.sqrt() * scale).tolist(), counts)
+    columns = zip(sizes, num_nan.tolist(), num_masked.tolist(), num_finite.tolist(), num_zero.tolist(),
+                  lo.tolist(), hi.tolist(), (mean * scale).tolist(), (variance.sqrt() * scale).tolist(), counts)
     return [_stats(*column) for column in columns]
 
 
-def _stats(numel: int, nan: int, finite: int, zero: int, low: float, high: float, mean: float,
-           std: float, counts: list[int] | None) -> TensorStats:
+def _fills(parts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each part's mask fills (its dtype's finfo.min and finfo.max; -Inf and +Inf, which are
+    already gone, for integers and booleans), in float64."""
+    low, high = [], []
+    for part in parts:
+        info = torch.finfo(part.dtype) if part.dtype.is_floating_point else None
+        low.append(info.min if info else -float("inf"))
+        high.append(info.max if info else float("inf"))
+    return torch.tensor(low, dtype=torch.float64), torch.tensor(high, dtype=torch.float64)
+
+
+def _drop_mask_fills(parts: Sequence[torch.Tensor], x: torch.Tensor, segments: _Segments,
+                     lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`x` without the entries equal to their part's mask fills, the new extremes and the
+    count per part; where no part's extreme is a fill (nearly always), `x` as it is."""
+    fill_lo, fill_hi = _fills(parts)
+    num_masked = torch.zeros(segments.n, dtype=torch.int64)
+    if not bool(((lo == fill_lo) | (hi == fill_hi)).any()):
+        return x, lo, hi, num_masked
+    masked = (x == segments.spread(fill_lo)) | (x == segments.spread(fill_hi))
+    num_masked = segments.count(masked)
+    kept = ~masked
+    x = x[kept]
+    segments.keep(kept)
+    lo, hi = segments.extremes(x)
+    return x, lo, hi, num_masked
+
+
+def _stats(numel: int, nan: int, masked: int, finite: int, zero: int, low: float, high: float,
+           mean: float, std: float, counts: list[int] | None) -> TensorStats:
     """One part's statistics from its entry in each reduction (`counts` None: no histogram)."""
-    common = {"numel": numel, "num_nan": nan, "num_inf": numel - nan - finite,
-              "zeros": zero / numel if numel else 0.0}
+    common = {"numel": numel, "num_nan": nan, "num_inf": numel - nan - masked - finite,
+              "num_masked": masked, "zeros": zero / numel if numel else 0.0}
     if not finite:
         return TensorStats(**common, min=None, max=None, mean=None, std=None, counts=())
     return TensorStats(**common, min=low, max=high,

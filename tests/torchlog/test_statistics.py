@@ -134,7 +134,7 @@ def test_every_front_end_shows_the_same_statistics(tmp_path):
             (expected.min, expected.max, expected.num_nan, expected.num_inf)
         assert shown["mean"] == pytest.approx(expected.mean, rel=1e-6, abs=1e-12)  # 7 digits
         assert shown["std"] == pytest.approx(expected.std, rel=1e-6)
-        assert tuple(shown["hist"]["counts"]) == expected.counts
+        assert tuple(shown["hist"]) == expected.counts
         metrics = netron[record.label]
         assert (metrics["min"], metrics["max"]) == (expected.min, expected.max)
         assert metrics["mean"] == pytest.approx(expected.mean, rel=1e-12, abs=1e-300)  # summed in
@@ -174,3 +174,35 @@ def test_statistics_without_histograms_are_the_same_but_the_counts():
         assert s.std == pytest.approx(oracle["std"], rel=1e-10)
     for t, copy in zip(samples, before):
         torch.testing.assert_close(t, copy, rtol=0, atol=0, equal_nan=True)  # read, not written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_mask_fills_are_counted_apart_and_kept_out_of_every_statistic(dtype):
+    """An additive attention mask (transformers fills with torch.finfo(dtype).min) holds
+    values near the dtype's limit: its statistics are those of the other entries."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 16, 16).to(dtype)
+    causal = torch.ones(16, 16, dtype=torch.bool).triu(1)
+    masked = scores.masked_fill(causal, torch.finfo(dtype).min)
+    masked[0, 0, 0] = torch.finfo(dtype).max  # the other fill, also set apart
+    kept = masked.double().numpy()[(~causal.expand(2, 16, 16)).numpy()]
+    kept = kept[kept != float(torch.finfo(dtype).max)]
+    small_group, alone = summarize_all([masked, torch.ones(3)])[0], summarize(masked.reshape(-1).repeat(20))
+    for stats, copies in ((small_group, 1), (alone, 20)):
+        assert stats.num_masked == copies * (2 * int(causal.sum()) + 1) and stats.num_inf == 0
+        assert stats.num_finite == copies * kept.size
+        assert stats.min == kept.min() and stats.max == kept.max()
+        assert stats.mean == pytest.approx(kept.mean(), abs=1e-9) and stats.std == pytest.approx(kept.std(), rel=1e-9)
+        assert sum(stats.counts) == copies * kept.size
+        expected, _ = np.histogram(kept, bins=NUM_BINS, range=(kept.min(), kept.max()))
+        assert list(stats.counts) == [copies * c for c in expected]
+
+
+def test_a_limit_of_another_dtype_is_a_value_and_a_tensor_of_fills_has_no_statistics():
+    wide = torch.tensor([torch.finfo(torch.float32).min, 0.0, 1.0], dtype=torch.float64)
+    stats = summarize(wide)
+    assert stats.num_masked == 0 and stats.min == torch.finfo(torch.float32).min
+    assert math.isfinite(stats.std) and stats.std == pytest.approx(np.std(wide.numpy()), rel=1e-12)
+    only = summarize(torch.full((4,), torch.finfo(torch.float32).min))
+    assert (only.num_masked, only.num_finite, only.min, only.mean, only.std) == (4, 0, None, None, None)
+    assert summarize(torch.tensor([-(2 ** 31), 5], dtype=torch.int32)).num_masked == 0

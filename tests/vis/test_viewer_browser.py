@@ -74,9 +74,12 @@ def _screenshot(driver, name: str) -> Path:
 
 
 def _click(driver, css: str) -> None:
-    """A real mouse click on the element (selenium), then wait for the redraw it causes."""
+    """A real mouse click on the first displayed element matching `css` (selenium; zoomed out,
+    a box shows its short title in place of its full one), then wait for the redraw it causes."""
     before = int(driver.execute_script("return document.body.dataset.renders"))
-    driver.find_element("css selector", css).click()
+    shown = [e for e in driver.find_elements("css selector", css) if e.is_displayed()]
+    assert shown, f"nothing displayed matches {css!r}"
+    shown[0].click()
     wait_for(driver, f"return Number(document.body.dataset.renders) > {before}")
 
 
@@ -378,7 +381,7 @@ def test_a_python_functional_is_a_box_like_a_module_call(driver, tmp_path):
     assert _modules(driver) == {"attn:1": "true", scope: "false", "fc:1": "true"}
     address = scope.removesuffix(":1")
     text = driver.execute_script(f"return document.querySelector('[data-module=\"{address}\"]').textContent")
-    assert f"{scope} (functional)" in text and "in: (3, 2, 16)" in text
+    assert f"{scope.removeprefix('attn.')} (functional)" in text and "in: (3, 2, 16)" in text  # the box shows attn
     _click(driver, f'#torchlog-graph g.node[data-module="{address}"][data-call="1"]')
     assert set(inside) <= set(_labels(driver))
     driver.execute_script(f"return window.torchlogViewer.goTo({softmax.label!r})")  # on screen
@@ -428,14 +431,21 @@ def test_a_transformer_opens_whole_and_readable_with_an_overview(driver, gpt2_hi
     _open(driver, history, tmp_path)  # the default: the deepest view that fits readably
     assert _drawn_outside(driver) == []  # the whole model on screen
     assert {"h.0:1", "h.1:1"} <= set(_modules(driver))
-    hidden_titles = driver.execute_script(
-        "return [...document.querySelectorAll('#torchlog-graph g.node text:first-of-type')]"
-        ".filter(t => getComputedStyle(t).display === 'none').length")
-    assert hidden_titles == 0 and _smallest_visible_text_px(driver) >= 6
+    untitled = driver.execute_script(  # every node shows a title: its first line, or zoomed out its short one
+        "return [...document.querySelectorAll('#torchlog-graph g.node')].filter(g => ![...g.querySelectorAll('text')]"
+        ".some(t => getComputedStyle(t).display !== 'none' && t.textContent.trim())).length")
+    assert untitled == 0 and _smallest_visible_text_px(driver) >= 6
     _screenshot(driver, "gpt2_first_view")
     _open(driver, history, tmp_path, name="deeper", depth=2)  # more than fits readably
-    assert _num_nodes(driver) > 20 and _drawn_outside(driver) == []
+    assert _num_nodes(driver) > 20 and _drawn_outside(driver) != []  # readable, so scrolled
     assert _smallest_visible_text_px(driver) >= 6  # what would be smaller is hidden
+    top = driver.execute_script(  # the view starts at the top of the graph
+        "const g = document.getElementById('torchlog-graph').getBoundingClientRect();"
+        "return Math.min(...[...document.querySelectorAll('#torchlog-graph g.node')]"
+        ".map(n => n.getBoundingClientRect().top)) - g.top;")
+    assert 20 <= top <= 40
+    driver.execute_script("window.torchlogViewer.fit()")  # the Fit button shows it all
+    assert _drawn_outside(driver) == [] and _smallest_visible_text_px(driver) >= 6
     # The inset map shows the whole graph, and its "you are here" box covers all of it.
     inset = driver.execute_script(
         "const c = document.querySelector('#torchlog-overview canvas').getBoundingClientRect();"
@@ -709,7 +719,8 @@ def test_nodes_take_colours_from_values_given_in_python_and_from_statistics(driv
     driver.execute_script("return window.torchlogViewer.setColour('kind')")
     fills = _fills(driver)
     assert fills["linear_1_1"] == ["#d3d3d3", None] and fills["input_1_0"] == ["#98fb98", None]
-    assert not driver.find_element("id", "torchlog-legend").is_displayed()
+    legend = driver.find_element("id", "torchlog-legend")  # back to what the kinds' fills mean
+    assert legend.text.startswith("node colours") and "parameter op" in legend.text and 'class="bar"' not in legend.get_attribute("innerHTML")
     _screenshot(driver, "colour_by_kind")
 
 

@@ -56,3 +56,23 @@ def test_the_panel_sets_before_and_after_side_by_side(tmp_path) -> None:
         assert float(table[name][1]) == pytest.approx(getattr(after, name), rel=1e-4, abs=1e-6), name
     assert table["elements"] == ["30", "30"]
     assert rows["intervened"].startswith("scale(k=-2.0) at site 'relu_1_2', max |change| ")
+
+
+def test_a_collapsed_module_holding_an_intervention_says_so(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 6), nn.ReLU()), nn.Linear(6, 2))
+    history = torchlog.log_forward_pass(model, torch.randn(5, 4), intervene={"relu_1_2": scale(-2.0)})
+    inside = [r.label for r in history if r.extra.get("interventions")]
+    assert inside == ["relu_1_2"] and "0:1" in history["relu_1_2"].containing_modules
+    driver = start_browser()
+    try:
+        open_page(driver, history.to_html(tmp_path / "acted.html", depth=1))
+        found = driver.execute_script(
+            "return [...document.querySelectorAll('#torchlog-graph g.node[data-module]')]"
+            ".map(g => [g.dataset.module, g.dataset.intervened || null, g.textContent,"
+            " g.querySelector('polygon').getAttribute('stroke')])")
+        marks = {module: (count, text, stroke) for module, count, text, stroke in found}
+        assert marks["0"][0] == "1" and "intervened: 1 pass inside" in marks["0"][1]
+        assert marks["0"][2].lower() == "#b35900" and marks["1"][0] is None
+    finally:
+        driver.quit()

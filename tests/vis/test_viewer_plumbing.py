@@ -1,6 +1,7 @@
 """vis/viewer/plumbing.py: ops outside every module grouped into helper runs and folds."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -68,3 +69,32 @@ def test_folded_plumbing_draws_one_node_per_scope():
     folded = sum(len(s.members) - 1 for s in plumbing.values())
     for depth in (1, None):
         assert page_node_count(history, "unrolled", depth) == count_nodes(history, "unrolled", depth) - folded
+
+
+@pytest.mark.heavy
+def test_plumbing_folds_inside_modules_by_what_it_does():
+    """GPT2LMHeadModel builds its mask and positions inside `transformer`: they fold there;
+    the attention's own views and transposes (they carry the activations) do not."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
+                        bos_token_id=99, eos_token_id=99, attn_implementation="eager")
+    history = torchlog.log_forward_pass(GPT2LMHeadModel(config).eval(), torch.randint(0, 100, (1, 12)),
+                                        random_seed=0)
+    scopes, plumbing = scope_table(history)
+    mask_ops = [r.label for r in history if "masking_utils" in (r.call_site or "")]
+    assert len(mask_ops) >= 5
+    helpers = {scopes[label][0] for label in mask_ops}
+    assert len(helpers) == 1 and plumbing[helpers.pop()].kind == "helper"
+    assert all(scopes[label][1:] == ("transformer:1",) for label in mask_ops)
+    positions = [r.label for r in history if r.func_name == "arange" and "masking_utils" not in (r.call_site or "")]
+    assert positions and all(plumbing[scopes[label][0]].kind == "fold" for label in positions)
+    moved = [r for r in history if r.func_name in ("view", "transpose", "permute", "split")
+             and any(c.startswith("transformer.h.0.attn") for c in r.containing_modules)]
+    assert moved and not any(scopes[r.label][0] in plumbing for r in moved)
+    # At depth 2 the scopes inside `transformer` are drawn, each as one node.
+    drawn = [s for s in plumbing.values() if len(scopes[s.members[0]]) - 1 < 2]
+    assert len(drawn) >= 2
+    folded = sum(len(s.members) - 1 for s in drawn)
+    assert page_node_count(history, "unrolled", 2) == count_nodes(history, "unrolled", 2) - folded

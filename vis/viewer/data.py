@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchlog.capture.functionals import FUNCTIONAL_KEY
+from torchlog.capture import FUNCTIONAL_KEY
 from torchlog.labels import split_pass
 from torchlog.records import LayerRecord, ModuleRecord, PassRecord
 from torchlog.vis.edges import args_between, shows_arg
 from torchlog.vis.graph import BUFFER, CREATED, FAILED, INPUT, INTERVENED, MODULE, OP, OUTPUT, PARAM
 from torchlog.vis.placement import module_title
 from torchlog.vis.style import (
-    EDGE_DEFAULTS, GRAPH_ATTRS, INPLACE_STYLE, LARGE_GRAPH_ATTRS, LARGE_GRAPH_NODES, NODE_DEFAULTS,
-    NODE_STYLES, kind_of,
+    EDGE_DEFAULTS, GRAPH_ATTRS, INPLACE_STYLE, LARGE_GRAPH_ATTRS, LARGE_GRAPH_NODES, LEGEND_ORDER,
+    LEGEND_TEXT, NODE_DEFAULTS, NODE_STYLES, kind_of,
 )
 from torchlog.vis.text import (
     MAX_SHAPES_SHOWN, arg_text, caption_lines, layer_lines, pass_lines, passes_text,
@@ -69,6 +69,7 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
         "calls": (calls := _module_calls(history, scopes, plumbing)),
         "modules": _modules(history, calls, plumbing),
         "failure": failure_entry(history),
+        "numSaved": sum(1 for r in history if r.has_saved_tensor),  # 0: no statistics to show
         "dot": _dot_styles(),
     }
 
@@ -92,9 +93,10 @@ def _join_outputs(history: "ModelHistory", passes: list[dict[str, Any]],
 
 def _dot_styles() -> dict[str, Any]:
     """The graphviz view's look, so both views draw each kind the same way."""
+    kinds = (INPUT, OUTPUT, PARAM, BUFFER, CREATED, OP, MODULE, FAILED, INTERVENED)
     return {"graph": dict(GRAPH_ATTRS), "node": dict(NODE_DEFAULTS), "edge": dict(EDGE_DEFAULTS),
-            "kinds": {kind: dict(NODE_STYLES[kind]) for kind in
-                      (INPUT, OUTPUT, PARAM, BUFFER, CREATED, OP, MODULE, FAILED, INTERVENED)},
+            "kinds": {kind: dict(NODE_STYLES[kind]) for kind in kinds},
+            "legend": {kind: LEGEND_TEXT[kind] for kind in LEGEND_ORDER if kind in kinds},
             "inplace": dict(INPLACE_STYLE), "large": dict(LARGE_GRAPH_ATTRS),
             "largeNodes": LARGE_GRAPH_NODES}
 
@@ -112,13 +114,13 @@ def _one_thread() -> Iterator[None]:
 
 
 def scope_table(history: "ModelHistory") -> tuple[dict[str, tuple[str, ...]], dict[str, PlumbingScope]]:
-    """Each pass's scopes, innermost first (module calls, functional calls, then the helper
-    run or fold of an op outside them all), and the plumbing scopes by key."""
+    """Each pass's scopes, innermost first (the helper run or fold of an op that carries no
+    data, then functional and module calls), and the plumbing scopes by key."""
     scopes = {r.label: _scopes(r) for r in history}
-    plumbing = {s.key: s for s in plumbing_scopes(history, {l for l, c in scopes.items() if c})}
+    plumbing = {s.key: s for s in plumbing_scopes(history, scopes)}
     for scope in plumbing.values():
         for label in scope.members:
-            scopes[label] = (scope.key,)
+            scopes[label] = (scope.key, *scopes[label])
     return scopes, plumbing
 
 

@@ -8,36 +8,65 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["HEAT_SIDE", "MIN_SIDE", "heatmap", "heatmaps"]
+__all__ = ["HEAT_SIDE", "MAX_SLICES", "MIN_SIDE", "heatmap", "heatmaps"]
 
 HEAT_SIDE = 32  # cells a side at most; larger slices are averaged down
 MIN_SIDE = 8  # both of the last two dimensions at least this, or no picture
+MAX_SLICES = 16  # slices along the dimension before the last two (heads, channels) at most
 
 
 def heatmap(value: Any) -> dict[str, Any] | None:
-    """The first 2-D slice of `value` (index 0 on every leading dimension) as a heatmap.
+    """2-D slices of `value` as heatmaps: the first (index 0 on every leading dimension), and
+    for a value of three or more dimensions up to MAX_SLICES along the one before the last two
+    (an attention map's heads, an image's channels) in `more`.
 
     Returns None when `value` is not a tensor of two or more dimensions whose last two are at
-    least MIN_SIDE, or when the slice holds no finite value. `cells` is base64 of rows x cols
-    bytes, row by row: 0 is `lo`, 255 is `hi`, linearly; a cell averages the values it
-    covers (NaN and Inf left out; a cell with none is 0). `slice` says which slice of the
-    value's `shape` it is.
+    least MIN_SIDE, or when the first slice holds no finite value. Each picture has its own
+    scale: `cells` is base64 of rows x cols bytes, row by row, 0 is `lo`, 255 is `hi`,
+    linearly; a cell averages the values it covers (NaN, Inf and a mask's fills, the dtype's
+    finfo.min and finfo.max, left out; a cell with none is 0 and, when there is one, `holes`
+    (base64, a byte per cell) marks it 1). `slice` says which slice of the value's `shape` the
+    first is; `along` is the dimension `more` steps along (slice i is index i there), absent
+    without `more`; a slice with no finite value is None in `more`.
 
     Example:
         >>> h = heatmap(torch.arange(100.0).reshape(1, 10, 10))
         >>> h["slice"], h["shape"], h["rows"], h["cols"], h["lo"], h["hi"]
         ('[0, :, :]', [1, 10, 10], 10, 10, 0.0, 99.0)
+        >>> h = heatmap(torch.arange(300.0).reshape(1, 3, 10, 10))
+        >>> h["along"], len(h["more"]), h["more"][1]["lo"]
+        (1, 2, 200.0)
     """
     if not isinstance(value, torch.Tensor) or value.dim() < 2:
         return None
     rows, cols = value.shape[-2:]
     if rows < MIN_SIDE or cols < MIN_SIDE:
         return None
-    plane = value.detach()[(0,) * (value.dim() - 2)].to("cpu")
-    plane = (plane.abs() if plane.is_complex() else plane).to(torch.float64)
+    lead = (0,) * (value.dim() - 2)
+    first = _picture(value.detach()[lead])
+    if first is None:
+        return None
+    leading = ", ".join(["0"] * (value.dim() - 2) + [":", ":"])
+    heat = {"slice": f"[{leading}]", "shape": list(value.shape), **first}
+    if value.dim() >= 3 and value.shape[-3] > 1:
+        heat["along"] = value.dim() - 3
+        heat["more"] = [_picture(value.detach()[lead[:-1] + (i,)])
+                        for i in range(1, min(value.shape[-3], MAX_SLICES))]
+    return heat
+
+
+def _picture(plane: torch.Tensor) -> dict[str, Any] | None:
+    """One 2-D slice at most HEAT_SIDE cells a side, on its own scale (None: no finite value)."""
+    plane = plane.to("cpu")
+    plane = (plane.abs() if plane.is_complex() else plane)
     finite = torch.isfinite(plane)
+    if plane.dtype.is_floating_point:  # a mask's fills are not values (torchlog.statistics)
+        info = torch.finfo(plane.dtype)
+        finite &= (plane != info.min) & (plane != info.max)
+    plane = plane.to(torch.float64)
     if not bool(finite.any()):
         return None
+    rows, cols = plane.shape
     size = (min(rows, HEAT_SIDE), min(cols, HEAT_SIDE))
     # Means over the finite values a cell covers: pooled sums over pooled counts.
     sums = F.adaptive_avg_pool2d(torch.where(finite, plane, 0.0)[None, None], size)[0, 0]
@@ -47,9 +76,12 @@ def heatmap(value: Any) -> dict[str, Any] | None:
     lo, hi = float(known.min()), float(known.max())
     scaled = ((cells - lo) / (hi - lo) * 255) if hi > lo else torch.zeros_like(cells)
     data = scaled.nan_to_num(0.0).round().clamp(0, 255).to(torch.uint8)
-    leading = ", ".join(["0"] * (value.dim() - 2) + [":", ":"])
-    return {"slice": f"[{leading}]", "shape": list(value.shape), "rows": size[0], "cols": size[1],
-            "lo": lo, "hi": hi, "cells": base64.b64encode(bytes(data.reshape(-1).tolist())).decode("ascii")}
+    picture = {"rows": size[0], "cols": size[1], "lo": lo, "hi": hi,
+               "cells": base64.b64encode(bytes(data.reshape(-1).tolist())).decode("ascii")}
+    holes = ~torch.isfinite(cells)
+    if bool(holes.any()):  # cells of NaN, Inf or a mask's fill only: drawn in a colour of their own
+        picture["holes"] = base64.b64encode(bytes(holes.reshape(-1).to(torch.uint8).tolist())).decode("ascii")
+    return picture
 
 
 def heatmaps(values: dict[int, Any], budget: int) -> dict[int, dict[str, Any]]:
@@ -59,7 +91,7 @@ def heatmaps(values: dict[int, Any], budget: int) -> dict[int, dict[str, Any]]:
         heat = heatmap(value)
         if heat is None:
             continue
-        budget -= len(heat["cells"])
+        budget -= len(heat["cells"]) + sum(len(p["cells"]) for p in heat.get("more", ()) if p)
         if budget < 0:
             break
         found[key] = heat

@@ -1,19 +1,25 @@
-"""Ops that run outside every module, grouped so they do not crowd the first view.
+"""Ops that build masks and positions, grouped so they do not crowd the view.
 
-A transformer builds its causal mask and position ids in helper functions and in its own
-forward, outside any submodule, so no depth setting hides them (about 25 of GPT-2's first
-59 nodes). The page puts them in scopes of their own, drawn collapsed like a module until
+A transformer builds its causal mask and position ids in helper functions and in its forwards,
+beside the modules that do the work (about 25 of GPT-2's first 59 nodes), so no depth
+setting hides them. What marks them is what they do, not where: none of them reads the
+model's data. An op *carries data* when it uses a parameter, is a floating-point model
+input, or reads a value that carries data; the others (positions, masks, constants) are
+plumbing candidates. Within each scope (the top level, or one module or functional call,
+at any depth) the page puts them in scopes of their own, drawn collapsed like a module until
 opened (or until "show plumbing" is ticked):
 
-- a *helper* scope: a run of consecutive ops whose call site is a function other than a
-  `forward` (`masking_utils.py` in `sdpa_mask`, `eager_mask`, ...), one scope per run,
-  named by the file (`masking_utils:1`);
-- a *fold*: a connected chain of two or more index, view, mask and integer ops left in a
-  forward (`arange -> add -> unsqueeze` of position ids), drawn as one node `3 index ops`.
+- a *helper* scope: a run of consecutive ops of one scope that carry no data and whose call
+  site is a function other than a `forward` (`masking_utils.py` in `sdpa_mask`,
+  `eager_mask`, ...), one scope per run, named by the file (`masking_utils:1`);
+- a *fold*: a connected chain of two or more index, view, mask and integer ops of one
+  scope that carry no data (`arange -> add -> unsqueeze` of position ids), drawn as one node
+  `3 index ops`.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING
@@ -49,16 +55,32 @@ class PlumbingScope:
     members: tuple[str, ...]  # pass labels, in execution order
 
 
-def plumbing_scopes(history: "ModelHistory", scoped: set[str]) -> list[PlumbingScope]:
-    """The helper runs and folds of `history`'s ops outside every module and functional.
+def plumbing_scopes(history: "ModelHistory", scopes: Mapping[str, tuple[str, ...]]) -> list[PlumbingScope]:
+    """The helper runs and folds of `history`'s ops that carry no data, in every scope.
 
-    `scoped` holds the labels that already sit in a module or functional call.
+    `scopes` holds each pass's module and functional calls, innermost first; a helper run or
+    fold holds ops of one innermost call (or of none: the top level) only.
     """
-    loose = [r for r in history if r.label not in scoped and r.kind not in _OUTSIDE]
-    helpers = _helper_runs(history, loose, scoped)
+    inner = {label: chain[0] if chain else None for label, chain in scopes.items()}
+    free = _carry_no_data(history)
+    helpers = _helper_runs(history, inner, free)
     in_helper = {label for scope in helpers for label in scope.members}
-    folds = _folds([r for r in loose if r.label not in in_helper])
+    folds = _folds([r for r in history if r.label in free and r.label not in in_helper], inner)
     return helpers + folds
+
+
+def _carry_no_data(history: "ModelHistory") -> set[str]:
+    """Labels of the ops that use no parameter and read nothing derived from one or from a
+    floating-point model input (positions, masks, constants), model inputs and outputs aside."""
+    carries: set[str] = set()
+    free: set[str] = set()
+    for record in history:  # execution order: parents come first
+        is_data_input = record.kind is NodeKind.INPUT and (record.dtype.is_floating_point or record.dtype.is_complex)
+        if is_data_input or record.params or any(e.label in carries for e in record.parents):
+            carries.add(record.label)
+        elif record.kind not in _OUTSIDE:
+            free.add(record.label)
+    return free
 
 
 def _site(record: PassRecord) -> tuple[str, str] | None:
@@ -66,24 +88,23 @@ def _site(record: PassRecord) -> tuple[str, str] | None:
     return (match["file"], match["func"]) if match else None
 
 
-def _helper_runs(history: "ModelHistory", loose: list[PassRecord], scoped: set[str]) -> list[PlumbingScope]:
-    """Consecutive loose ops whose call site is one file's functions other than `forward`."""
-    loose_labels = {r.label for r in loose}
+def _helper_runs(history: "ModelHistory", inner: Mapping[str, str | None],
+                 free: set[str]) -> list[PlumbingScope]:
+    """Consecutive ops of one scope that carry no data, from one file's functions other
+    than `forward`."""
     runs: list[tuple[str, list[PassRecord]]] = []
-    current: tuple[str, list[PassRecord]] | None = None
+    current: tuple[tuple[str | None, str], list[PassRecord]] | None = None
     for record in history:
-        if record.kind in (NodeKind.INPUT, NodeKind.OUTPUT):
+        if record.kind in _OUTSIDE:
             continue
-        site = _site(record) if record.label in loose_labels else None
-        helper = site is not None and site[1] != "forward" and not site[1].startswith("<")
-        if not helper:
-            if record.label in scoped or record.label in loose_labels:
-                current = None  # a module call or the forward's own op ends a run
+        site = _site(record) if record.label in free else None
+        if site is None or site[1] == "forward" or site[1].startswith("<"):
+            current = None  # a module's op, a forward's own op or one carrying data ends a run
             continue
-        stem = PurePath(site[0]).stem
-        if current is None or current[0] != stem:
-            current = (stem, [])
-            runs.append(current)
+        key = (inner[record.label], PurePath(site[0]).stem)
+        if current is None or current[0] != key:
+            current = (key, [])
+            runs.append((key[1], current[1]))
         current[1].append(record)
     scopes, seen = [], {}
     for stem, members in runs:
@@ -103,13 +124,14 @@ def is_plumbing(record: PassRecord) -> bool:
     return record.func_name in PLUMBING_FUNCS or not (dtype.is_floating_point or dtype.is_complex)
 
 
-def _folds(loose: list[PassRecord]) -> list[PlumbingScope]:
-    """Connected groups of two or more plumbing ops, each one fold."""
-    plumbing = {r.label: r for r in loose if is_plumbing(r)}
+def _folds(candidates: list[PassRecord], inner: Mapping[str, str | None]) -> list[PlumbingScope]:
+    """Connected groups of two or more plumbing ops of one scope, each one fold."""
+    plumbing = {r.label: r for r in candidates if is_plumbing(r)}
     group_of: dict[str, int] = {}
     groups: list[list[str]] = []
     for label, record in plumbing.items():  # execution order: parents come first
-        linked = {group_of[e.label] for e in record.parents if e.label in group_of}
+        linked = {group_of[e.label] for e in record.parents
+                  if e.label in group_of and inner[e.label] == inner[label]}
         if not linked:
             group_of[label] = len(groups)
             groups.append([label])

@@ -15,8 +15,9 @@ def tensor_stats(value: Any) -> dict[str, Any] | None:
     """Min, max, mean, std, share of zeros, NaN and Inf counts and a histogram of `value`.
 
     Statistics are over the finite entries (`torchlog.statistics`: the std is the population
-    std); NaN and Inf are counted apart, so a tensor that holds them still gets a histogram
-    of the rest. Returns None for anything that is not a tensor (a postfunc result, say).
+    std); NaN, Inf and a mask's fills (the dtype's finfo.min or finfo.max, `masked`, present
+    only when there are some) are counted apart, so a tensor that holds them still gets a
+    histogram of the rest. Returns None for anything that is not a tensor (a postfunc result, say).
 
     Example:
         >>> s = tensor_stats(torch.tensor([0.0, 1.0, float("nan"), float("inf")]))
@@ -40,8 +41,10 @@ def page_stats(stats: TensorStats) -> dict[str, Any]:
         "min": stats.min, "max": stats.max, "mean": _short(stats.mean), "std": _short(stats.std),
         "hist": None,
     }
+    if stats.num_masked:  # a mask's fills, outside every other figure (left out when none)
+        entry["masked"] = stats.num_masked
     if stats.counts:
-        entry["hist"] = {"lo": stats.min, "hi": stats.max, "counts": list(stats.counts)}
+        entry["hist"] = list(stats.counts)  # its bins span [min, max]: not repeated (a 20,000-op page: 1 MB)
     return entry
 
 

@@ -52,6 +52,11 @@ function redrawHistograms() {
 
 function installCharts() {
   ui.panel.addEventListener("change", (ev) => {
+    if (ev.target.dataset && ev.target.dataset.heat !== undefined) {
+      const heat = panelHeats[Number(ev.target.dataset.heat)];
+      ev.target.closest(".heat").querySelector(".heat-body").innerHTML = heatBody(heat, Number(ev.target.value));
+      return;
+    }
     if (ev.target.id !== "torchlog-hist-log") return;
     state.histLog = ev.target.checked;
     redrawHistograms();
@@ -63,9 +68,11 @@ function passesChartSvg(passes) {
   const points = passes.map((p) => p.stats && p.stats.min !== null ? p.stats : null);
   const known = points.filter(Boolean);
   if (known.length < 2) return "";
-  const width = 300, height = 80, left = 40, top = 6, axis = 16;
   const lo = Math.min(...known.map((s) => Math.min(s.min, s.mean - s.std)));
   const hi = Math.max(...known.map((s) => Math.max(s.max, s.mean + s.std)));
+  // The value axis's labels fit left of it, minus sign and all (about 6 px a character).
+  const labelChars = Math.max(num(lo).length, num(hi).length);
+  const width = 300, height = 80, left = Math.max(40, 8 + 6 * labelChars), top = 6, axis = 16;
   const span = hi > lo ? hi - lo : 1;
   const x = (i) => left + (passes.length === 1 ? 0 : (i * (width - left - 4)) / (passes.length - 1));
   const y = (v) => top + height - ((v - lo) / span) * height;
@@ -91,26 +98,51 @@ function passesChartSvg(passes) {
 // A 2-D slice of the value (computed when the page was built): cells coloured from lo to hi.
 const HEAT_STOPS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"];
 
+const HEAT_HOLE = "#9a9a9a";  // cells holding only NaN, Inf or a mask's fill
+
+// The value's 2-D slices the page holds (the first, then `more` along dimension `along`): the
+// panel shows one, chosen in its slice box, with its axes named and its own scale.
+const panelHeats = [];
+
 function heatmapHtml(heat) {
-  const bytes = atob(heat.cells);
+  const index = panelHeats.push(heat) - 1;
+  const count = 1 + (heat.more ? heat.more.length : 0);
+  const dims = heat.shape.length;
+  const picker = count < 2 ? "" : `<label class="heat-pick">slice along dim ${heat.along} ` +
+    `(${heat.shape[heat.along]}; heads or channels): <select data-heat="${index}">` +
+    [...Array(count).keys()].map((i) => `<option value="${i}">${i}</option>`).join("") + "</select>" +
+    (heat.shape[heat.along] > count ? ` <small>(the first ${count})</small>` : "") + "</label>";
+  return `<div class="heat" data-heat="${index}">${picker}<div class="heat-body">${heatBody(heat, 0)}</div>` +
+    `<p class="legend axes">rows: dim ${dims - 2} (${heat.shape[dims - 2]}), columns: dim ${dims - 1} (${heat.shape[dims - 1]})</p></div>`;
+}
+
+function heatBody(heat, which) {
+  const picture = which === 0 ? heat : heat.more[which - 1];
+  const lead = heat.shape.slice(0, -2).map((_, d) => (d === heat.along ? which : 0));
+  const slice = `[${[...lead, ":", ":"].join(", ")}]`;
+  if (!picture) return `<p class="legend">slice ${esc(slice)} holds no finite value</p>`;
+  const bytes = atob(picture.cells);
   const canvas = document.createElement("canvas");
-  canvas.width = heat.cols;
-  canvas.height = heat.rows;
+  canvas.width = picture.cols;
+  canvas.height = picture.rows;
   const ctx = canvas.getContext("2d");
-  const image = ctx.createImageData(heat.cols, heat.rows);
+  const image = ctx.createImageData(picture.cols, picture.rows);
+  const holes = picture.holes ? atob(picture.holes) : null;
   for (let i = 0; i < bytes.length; i++) {
-    const [r, g, b] = hexToRgb(rampColour(HEAT_STOPS, bytes.charCodeAt(i) / 255));
+    const hole = holes && holes.charCodeAt(i);
+    const [r, g, b] = hexToRgb(hole ? HEAT_HOLE : rampColour(HEAT_STOPS, bytes.charCodeAt(i) / 255));
     image.data.set([r, g, b, 255], 4 * i);
   }
   ctx.putImageData(image, 0, 0);
   const [fullRows, fullCols] = heat.shape.slice(-2);
-  const averaged = heat.rows < fullRows || heat.cols < fullCols;
-  const side = 240, ratio = heat.rows / heat.cols;
+  const averaged = picture.rows < fullRows || picture.cols < fullCols;
+  const side = 240, ratio = picture.rows / picture.cols;
   const [w, h] = ratio > 1 ? [side / ratio, side] : [side, side * ratio];
-  return `<div class="heat"><img src="${canvas.toDataURL("image/png")}" width="${w.toFixed(0)}" height="${h.toFixed(0)}" ` +
-    `alt="heatmap" data-rows="${heat.rows}" data-cols="${heat.cols}">` +
+  return `<img src="${canvas.toDataURL("image/png")}" width="${w.toFixed(0)}" height="${h.toFixed(0)}" ` +
+    `alt="heatmap" data-rows="${picture.rows}" data-cols="${picture.cols}" data-slice="${which}">` +
     `<div class="bar" style="background: linear-gradient(to right, ${HEAT_STOPS.join(", ")})"></div>` +
-    `<div class="ends"><span>${tickText(heat.lo)}</span><span>${tickText(heat.hi)}</span></div>` +
-    `<p class="legend">slice ${esc(heat.slice)} of ${esc(shapeText(heat.shape))}` +
-    `${averaged ? `, averaged to ${heat.rows} x ${heat.cols}` : ""}</p></div>`;
+    `<div class="ends"><span>${tickText(picture.lo)}</span><span>${tickText(picture.hi)}</span></div>` +
+    `<p class="legend">slice ${esc(slice)} of ${esc(shapeText(heat.shape))}` +
+    `${averaged ? `, averaged to ${picture.rows} x ${picture.cols}` : ""}</p>` +
+    (holes ? `<p class="legend holes"><i style="background: ${HEAT_HOLE}"></i> masked, NaN or Inf: not on the scale</p>` : "");
 }

@@ -1,6 +1,7 @@
 // Colour by data: op nodes filled by a number per pass (a statistic of the saved activation,
 // or the values a caller gave `to_html(colour_by=...)`), with a legend; by node kind otherwise.
-// A collapsed module or rolled layer takes the value of largest magnitude among its passes;
+// A rolled layer takes the value of largest magnitude among its passes, a collapsed module its
+// output's (under a statistic; the largest under NaN + Inf and the caller's values);
 // under the caller's colouring, a node with no value shows the caller's mark, if any (why).
 const COLOUR_MEASURES = {
   custom: { title: () => DATA.colour.title, of: (p) => DATA.colour.values[p.label] },
@@ -68,9 +69,20 @@ function unitMark(unit) {
   return null;
 }
 
+// A collapsed module coloured by a statistic shows its output's (what it hands on), not the
+// extreme of the ops inside it; NaN + Inf counts and a caller's values take the largest.
+const BY_OUTPUT = new Set(["std", "zeros", "absmax"]);
+
+function moduleOutputs(unit) {
+  const key = unit.key.slice(MODULE_PREFIX.length), rolled = state.mode === "rolled";
+  return unit.members.filter((p) => (p.outputOf || []).some((call) =>
+    (rolled ? call.slice(0, call.lastIndexOf(":")) : call) === key));
+}
+
 function unitValue(unit) {
   let best = null;
-  for (const p of unit.members) {
+  const outputs = unit.kind === "module" && BY_OUTPUT.has(state.colour) ? moduleOutputs(unit) : [];
+  for (const p of outputs.length ? outputs : unit.members) {
     const v = valueOf(p);
     if (v !== null && (best === null || Math.abs(v) > Math.abs(best))) best = v;
   }
@@ -116,13 +128,25 @@ function applyColours() {
 
 function showLegend() {
   const legend = el("torchlog-legend"), r = colouring.range;
-  legend.hidden = state.colour === "kind";
-  if (legend.hidden) return;
+  legend.hidden = false;
+  if (state.colour === "kind") { legend.innerHTML = kindLegend(); return; }
   const title = COLOUR_MEASURES[state.colour].title();
   const bar = r ? `<div class="bar" style="background: linear-gradient(to right, ${r.stops.join(", ")})"></div>` +
     `<div class="ends"><span>${esc(num(r.lo))}</span><span>${esc(num(r.hi))}</span></div>` : "<div>no values</div>";
   legend.innerHTML = `<b>${esc(title)}</b>${bar}<div><i style="background: ${NO_VALUE}"></i> no value</div>` +
     (state.colour === "custom" ? legendMarks() : "");
+}
+
+// The default colouring: what each fill of the drawn nodes means (only kinds drawn now).
+function kindLegend() {
+  const drawn = new Set(state.drawn ? [...state.drawn.placed.units.values()].map((u) => u.kind) : []);
+  const plumbing = state.drawn && [...state.drawn.placed.units.values()]
+    .some((u) => u.kind === "module" && isPlumbing(u.key.slice(MODULE_PREFIX.length)));
+  const swatch = (fill, text, kind) => `<div class="kind" data-kind="${kind}"><i style="background: ${fill}"></i> ${esc(text)}</div>`;
+  const items = Object.entries(DATA.dot.legend).filter(([kind]) => drawn.has(kind))
+    .map(([kind, text]) => swatch((DATA.dot.kinds[kind] || {}).fillcolor || DATA.dot.node.fillcolor, text, kind));
+  if (plumbing) items.push(swatch(PLUMBING_STYLE.fillcolor, "folded plumbing (masks, positions)", "plumbing"));
+  return "<b>node colours</b>" + items.join("");
 }
 
 // The caller's marks, each with its fill, and notes (what the graph cannot show).
@@ -152,4 +176,12 @@ function installColours() {
   }
   ui.colour.value = state.colour;
   ui.colour.onchange = () => setColour(ui.colour.value);
+  if (!DATA.numSaved) {  // nothing saved, no statistic to colour by
+    for (const option of ui.colour.options) {
+      if (option.value in COLOUR_MEASURES && option.value !== "custom") {
+        option.disabled = true;
+        option.title = NO_VALUES_TEXT;
+      }
+    }
+  }
 }

@@ -2,6 +2,7 @@
 // ----- export -------------------------------------------------------------------------------------
 function currentSvgText() {
   const svg = state.drawn.svg.cloneNode(true);
+  svg.querySelectorAll(".torchlog-short").forEach((t) => t.remove());  // the zoomed-out titles
   const full = state.drawn.full || graphBox(state.drawn.svg);
   svg.setAttribute("viewBox", full.join(" "));
   svg.setAttribute("width", full[2]);
@@ -57,7 +58,7 @@ async function setDepth(depth) {
   state.forceDraw = false;
   expandToDepth();
   await render("depth " + state.depth);
-  fit();
+  fitReadable();
 }
 
 // Open (or fold again) every helper run and fold of ops outside the modules.
@@ -68,7 +69,7 @@ async function setPlumbing(show) {
     if (state.showPlumbing) state.expanded.add(key); else state.expanded.delete(key);
   }
   await render(state.showPlumbing ? "show plumbing" : "fold plumbing");
-  fit();
+  fitReadable();
 }
 
 async function setMode(mode) {
@@ -77,7 +78,7 @@ async function setMode(mode) {
   state.forceDraw = false;
   expandToDepth();
   await render("mode " + mode);
-  fit();
+  fitReadable();
 }
 
 function installControls() {
@@ -85,10 +86,12 @@ function installControls() {
   ui.depth.onchange = () => setDepth(parseInt(ui.depth.value, 10) || 1);
   el("torchlog-expand-all").onclick = () => setDepth(maxDepth + 1);
   el("torchlog-collapse-all").onclick = () => setDepth(1);
-  ui.direction.onchange = async () => { state.direction = ui.direction.value; await render("direction"); fit(); };
-  ui.buffers.onchange = async () => { state.showBuffers = ui.buffers.checked; await render("buffers"); fit(); };
+  ui.direction.onchange = async () => { state.direction = ui.direction.value; await render("direction"); fitReadable(); };
+  ui.buffers.onchange = async () => { state.showBuffers = ui.buffers.checked; await render("buffers"); fitReadable(); };
   ui.plumbing.onchange = () => setPlumbing(ui.plumbing.checked);
+  ui.repeats.onchange = () => setRepeats(ui.repeats.checked);
   el("torchlog-fit").onclick = () => fit();
+  el("torchlog-cancel").onclick = cancelLayout;
   el("torchlog-export-svg").onclick = exportSvg;
   el("torchlog-export-png").onclick = exportPng;
   ui.search.addEventListener("keydown", (ev) => { if (ev.key === "Enter") { ev.preventDefault(); runSearch(); } });
@@ -98,8 +101,9 @@ function installControls() {
     if (ui.search.value && ui.search.value !== lastSearch.text) runSearch();
   });
   ui.graph.addEventListener("click", onClick);
+  document.addEventListener("keydown", onKey);
   ui.panel.addEventListener("click", onPanelClick);
-  window.addEventListener("resize", () => state.view && fit());
+  window.addEventListener("resize", () => { if (state.drawn && (state.view || state.pendingFit)) fitReadable(); });
   installPanZoom();
   installOverview();
   installResults();
@@ -108,6 +112,39 @@ function installControls() {
 }
 
 const OPEN_MIN_NODES = 8;
+
+// Resolves once the graph area has a size (at once when it has one).
+function whenSized() {
+  if (graphArea()) return Promise.resolve();
+  return new Promise((resolve) => {
+    const watch = new ResizeObserver(() => { if (graphArea()) { watch.disconnect(); resolve(); } });
+    watch.observe(ui.graph);
+  });
+}
+
+// Without a depth asked for, collapse a level at a time until the whole graph fits the window
+// with every module's title readable, but never down to a handful of nodes (a model whose
+// one wrapper module holds everything); fitReadable then scrolls what still does not fit.
+async function pickReadableDepth() {
+  while (state.depth > 1 && fitScale() < Math.min(1.5, readableScale())) {
+    state.depth -= 1;
+    expandToDepth();
+    if (placement().units.size < OPEN_MIN_NODES) {
+      state.depth += 1;
+      expandToDepth();
+      break;
+    }
+    await render("open at depth " + state.depth);
+  }
+  if (fitScale() < Math.min(1.5, readableScale()) && !state.foldRepeats) {
+    state.foldRepeats = true;  // still too long to read whole: fold repeated blocks, if any
+    await render("open with repeats folded");
+    if (!state.drawn.placed.units.size || ![...state.drawn.placed.units.values()].some((u) => u.kind === "repeat")) {
+      state.foldRepeats = false;
+      await render("open: no repeats to fold");
+    }
+  }
+}
 
 async function start() {
   // Milliseconds since navigation started, per phase (the benchmark reports them).
@@ -122,31 +159,24 @@ async function start() {
   graphviz = await loading;
   phases.graphviz = performance.now();
   await render("open");
-  // Without a depth asked for, collapse a level at a time until the whole graph fits the
-  // window with every node's title readable, but never down to a handful of nodes (a model
-  // whose one wrapper module holds everything).
-  fit();
-  while (hiddenTitles() && DATA.view.pickDepth && state.depth > 1 && !DATA.view.focus) {
-    state.depth -= 1;
-    expandToDepth();
-    if (placement().units.size < OPEN_MIN_NODES) {
-      state.depth += 1;
-      expandToDepth();
-      fit();
-      break;
-    }
-    await render("open at depth " + state.depth);
-    fit();
+  if (!graphArea()) {
+    setStatus("waiting for the page to be shown (it has no size yet)");
+    await whenSized();
+    setStatus(state.drawnStatus);
   }
+  if (DATA.view.pickDepth && !DATA.view.focus) await pickReadableDepth();
+  fitReadable();
   if (DATA.view.focus) await goTo(DATA.view.focus);
   else if (await openFromHash()) setStatus("opened at " + location.hash);
   else if (DATA.failure) select(FAILED_KEY);
+  if (!DATA.numSaved && !location.hash && !DATA.failure) ui.panel.innerHTML = `<p class="no-values">${esc(NO_VALUES_TEXT)}</p>`;
   window.torchlogViewer.openedMs = phases.drawn = performance.now();
   document.body.dataset.ready = "true";
   setTimeout(fillSearchList, 0);  // suggestions can wait until the graph is on screen
+  setTimeout(layoutWorker, 0);  // ready for a large layout (Expand all) before it is asked for
 }
 
-Object.assign(window.torchlogViewer, { runSearch, svgText: currentSvgText, pngDataUrl, fit, zoomBy, setPlumbing,
+Object.assign(window.torchlogViewer, { cancelLayout, setRepeats, unfoldRun, runSearch, svgText: currentSvgText, pngDataUrl, fit, zoomBy, setPlumbing,
   setColour, scale: currentScale });
 window.torchlogViewer.ready = start().catch((err) => {
   setStatus("could not draw the graph: " + err.message, true);

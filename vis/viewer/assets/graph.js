@@ -11,11 +11,13 @@ const ui = {
   panel: el("torchlog-panel"), status: el("torchlog-status"),
   mode: el("torchlog-mode"), depth: el("torchlog-depth"), search: el("torchlog-search"),
   direction: el("torchlog-direction"), buffers: el("torchlog-buffers"), plumbing: el("torchlog-plumbing"),
+  repeats: el("torchlog-repeats"),
   colour: el("torchlog-colour"),
 };
 
 // ----- the model, indexed once ---------------------------------------------------------
 const passByLabel = new Map(DATA.passes.map((p) => [p.label, p]));
+const passIndex = new Map(DATA.passes.map((p, i) => [p.label, i]));
 const layerByLabel = new Map(DATA.layers.map((l) => [l.label, l]));
 const chains = {  // module keys holding each pass, outermost first
   unrolled: new Map(DATA.passes.map((p) => [p.label, p.modules.slice().reverse()])),
@@ -44,6 +46,8 @@ const state = {
   direction: "TB",
   showBuffers: false,
   showPlumbing: false,  // helper runs and folds drawn open
+  foldRepeats: false,   // runs of repeated blocks drawn as one node (repeats.js)
+  unfoldedRuns: new Set(),  // ... except these, opened by a click
   histLog: false,       // histogram counts on a log scale (charts.js)
   colour: DATA.colour ? "custom" : "kind",  // what fills the op nodes (colour.js)
   selected: null,     // a node key, or a module key
@@ -92,7 +96,9 @@ function placement() {
   if (DATA.failure) {
     units.set(FAILED_KEY, { key: FAILED_KEY, kind: "failed", boxes: failureBoxes(), members: [] });
   }
-  return { units, unitOf };
+  const placed = { units, unitOf };
+  foldRepeats(placed);
+  return placed;
 }
 
 // The op that raised sits in the module call it ran in, as deep as that is open.
@@ -128,16 +134,24 @@ function unitKey(p, rolled, units) {
 
 function nodeLines(unit) {
   if (unit.kind === "failed") return DATA.failure.lines;
+  if (unit.kind === "repeat") return repeatLines(unit);
   if (unit.kind === "module") {
     const moduleKey = unit.key.slice(MODULE_PREFIX.length);
     const entry = scopeEntry(moduleKey);
     const lines = entry ? entry.lines.slice() : [moduleKey];
-    lines[0] = "\u229E " + lines[0];  // a boxed plus: click to expand
+    lines[0] = "\u229E " + withoutPrefix(lines[0], unit.boxes[unit.boxes.length - 1]);  // a boxed plus: click to expand
+    const acted = intervenedPasses(unit);
+    if (acted) lines.push(`intervened: ${acted} pass${acted > 1 ? "es" : ""} inside`);
     return lines;
   }
   const first = unit.members[0];
   if (state.mode === "rolled") return first.layerCallLines || layerByLabel.get(first.layer).lines;
   return first.callLines || first.lines;
+}
+
+// How many of a collapsed node's passes an intervention acted on (they are hidden inside it).
+function intervenedPasses(unit) {
+  return unit.members.filter((p) => p.interventions && p.interventions.length).length;
 }
 
 function edges(placed) {
@@ -156,6 +170,54 @@ function edges(placed) {
     }
   }
   return [...found.values()];
+}
+
+// A value read by a chain of blocks (the attention mask, read by every layer; position
+// embeddings) would draw an edge to each, pulling the chain into a staircase beside a rail
+// of parallel edges. When three or more heads of one tail lie on one path of the graph, only
+// the edge to the first is drawn; the others become markers on their heads (`folded`).
+const FAN_MIN = 3;
+
+function foldFans(edgeList, placed) {
+  const order = new Map();
+  for (const unit of placed.units.values()) order.set(unit.key, unit.members.length ? passIndex.get(unit.members[0].label) : Infinity);
+  const next = new Map(), byTail = new Map();
+  for (const e of edgeList) {
+    if (e.tail === e.head) continue;
+    if (!next.has(e.tail)) next.set(e.tail, []);
+    next.get(e.tail).push(e.head);
+    if (!byTail.has(e.tail)) byTail.set(e.tail, new Map());
+    const heads = byTail.get(e.tail);
+    if (!heads.has(e.head)) heads.set(e.head, []);
+    heads.get(e.head).push(e);
+  }
+  const dropped = new Set(), folded = [];
+  for (const [tail, heads] of byTail) {
+    if (heads.size < FAN_MIN) continue;
+    const ordered = [...heads.keys()].sort((a, b) => order.get(a) - order.get(b));
+    if (!ordered.every((h, i) => i === 0 || reaches(next, ordered[i - 1], h, tail, order))) continue;
+    for (const head of ordered.slice(1)) {
+      for (const e of heads.get(head)) dropped.add(e);
+      folded.push({ tail, head });
+    }
+  }
+  return { kept: edgeList.filter((e) => !dropped.has(e)), folded };
+}
+
+// Whether `to` can be reached from `from` without passing through `skip`; only nodes that
+// run before `to` are searched.
+function reaches(next, from, to, skip, order) {
+  const limit = order.get(to), seen = new Set([from]), stack = [from];
+  while (stack.length) {
+    const key = stack.pop();
+    for (const child of next.get(key) || []) {
+      if (child === to) return true;
+      if (child === skip || seen.has(child) || !(order.get(child) <= limit)) continue;
+      seen.add(child);
+      stack.push(child);
+    }
+  }
+  return false;
 }
 
 function unrolledEdges(placed, add) {

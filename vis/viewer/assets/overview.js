@@ -3,10 +3,18 @@
 // the selection) in a breadcrumb above the graph.
 const OVERVIEW_SIDE = 180;  // px, the inset's longer side
 // On-screen size (px) below which text is hidden: edge labels are drawn at 8 and node text at
-// 10; once a node shows only its first line, that line grows as far as the node's width allows
-// (to 1.2, 1.5 or 2 times) and sits in the node's middle; box titles grow 1.5 times.
+// 10. Zoomed out past FULL_TEXT_PX, every node and box shows one short title instead (a module's own
+// name, `h.5`, without the prefix its box shows; an op's function), as large as its node
+// allows (a size of SHORT_SIZES), with a halo where it crosses a box's content.
 const READABLE_PX = 6.5;
-const TITLE_GROWTH = [["20", 2], ["15", 1.5], ["12", 1.2], ["10", 1]];
+// Node and box text (10 units) is drawn whole from this size (px) up: about 8.5 px of screen
+// for a line, the height module titles keep on a view the page picks itself.
+const FULL_TEXT_PX = 7.5;
+// The first view, and any fit the page chooses itself, shows module titles at least this large
+// (px): a shallower depth, else the top of the graph at this size, scrolled.
+const OPEN_TITLE_PX = 8;
+const SHORT_SIZES = [6, 8, 10, 12, 15, 20, 25, 30, 40];
+const SVG_NS = "http://www.w3.org/2000/svg";
 const overview = { el: el("torchlog-overview"), box: el("torchlog-overview-view"), k: 1, full: null };
 overview.canvas = overview.el.querySelector("canvas");
 
@@ -15,46 +23,93 @@ overview.canvas = overview.el.querySelector("canvas");
 function showDetail(scale) {
   const classes = ui.graph.classList;
   classes.toggle("torchlog-no-edge-text", 8 * scale < READABLE_PX);
-  const titlesOnly = 10 * scale < READABLE_PX;
-  classes.toggle("torchlog-titles-only", titlesOnly);
-  for (const [name, k] of TITLE_GROWTH) classes.toggle("torchlog-hide-" + name, titlesOnly && 10 * k * scale < READABLE_PX);
+  const compact = 10 * scale < FULL_TEXT_PX;
+  classes.toggle("torchlog-compact", compact);
+  for (const size of SHORT_SIZES) classes.toggle("torchlog-hide-s" + size, compact && size * scale < READABLE_PX);
 }
 
-// How many drawn nodes show no title at the current zoom.
-function hiddenTitles() {
-  const svg = state.drawn && state.drawn.svg;
-  if (!svg) return 0;
-  let hidden = 0;
-  for (const text of svg.querySelectorAll("g.node > text:first-of-type")) {
-    if (getComputedStyle(text).display === "none") hidden += 1;
+// A module's name as its node or box shows it: the address without the prefix of the box
+// around it (`h.5` inside `transformer`), the call where the module has several.
+function shortModuleName(moduleKey, parentKey) {
+  const entry = scopeEntry(moduleKey);
+  if (entry && (entry.kind === "helper" || entry.kind === "fold")) return entry.lines[0].split(" (")[0];
+  const [address, call] = splitModuleKey(moduleKey);
+  const parent = parentKey ? splitModuleKey(parentKey)[0] : "";
+  const name = parent && address.startsWith(parent + ".") ? address.slice(parent.length + 1) : address;
+  const module = DATA.modules[address];
+  const named = /^\d+$/.test(name) && module && module.type ? `${name} ${module.type}` : name;  // a Sequential's `0`
+  return call !== null && module && module.calls > 1 ? `${named}:${call}` : named;
+}
+
+function shortTitle(info) {
+  if (info.type === "box") {
+    const chain = moduleChains[state.mode].get(info.key) || [];
+    return shortModuleName(info.key, chain[chain.length - 2]);
   }
-  return hidden;
+  const unit = info.unit;
+  if (unit.kind === "failed") return "raised";
+  if (unit.kind === "repeat") return `${repeatName(unit)} \u00D7${unit.run.length}`;
+  if (unit.kind === "module") return shortModuleName(unit.key.slice(MODULE_PREFIX.length), unit.boxes[unit.boxes.length - 1]);
+  const p = unit.members[0];
+  return ["input", "output", "buffer"].includes(p.kind) ? p.kind : String(p.func).replace(/^_+|_+$/g, "");
 }
 
-// Where each node's first line goes when it is the only one shown: how much it may grow
-// and how far it moves to the node's middle (from the SVG's attributes; no layout needed).
-function prepareTitles(svg) {
-  for (const g of svg.querySelectorAll("g.node")) {
-    const text = g.querySelector("text");
-    const shape = g.querySelector("polygon, ellipse");
-    if (!text || !shape) continue;
-    let middle, width;
-    if (shape.tagName === "ellipse") {
-      middle = Number(shape.getAttribute("cy"));
-      width = 2 * Number(shape.getAttribute("rx")) * 0.8;
+function shapeBounds(shape) {
+  if (shape.tagName === "ellipse") {
+    const [cx, cy, rx, ry] = ["cx", "cy", "rx", "ry"].map((a) => Number(shape.getAttribute(a)));
+    return { x: cx - 0.8 * rx, y: cy - ry, w: 1.6 * rx, h: 2 * ry };
+  }
+  if (shape.tagName === "path") {
+    const b = shape.getBBox();
+    return b.width > 0 ? { x: b.x, y: b.y, w: b.width, h: b.height } : null;
+  }
+  const text = shape.getAttribute("points") || "";
+  const points = text.trim().split(/\s+/).map((p) => p.split(",").map(Number)).filter((p) => p.length === 2);
+  if (!points.length) return null;
+  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+  const x = Math.min(...xs), y = Math.min(...ys);
+  return { x, y, w: Math.max(...xs) - x, h: Math.max(...ys) - y };
+}
+
+// The largest of SHORT_SIZES at most `room` (the smallest when none is).
+function shortSize(room) {
+  let size = SHORT_SIZES[0];
+  for (const s of SHORT_SIZES) if (s <= room) size = s;
+  return size;
+}
+
+// Give each node and box its short title (shown when zoomed out); returns the smallest size
+// of a module's (a node's or box's) short title, in drawing units.
+function prepareTitles(svg, built) {
+  let smallest = Infinity;
+  for (const g of svg.querySelectorAll("g.node, g.cluster")) {
+    const info = built.ids.get(g.id);
+    const shape = g.querySelector(":scope > polygon, :scope > ellipse, :scope > path");
+    const bounds = info && shape && shapeBounds(shape);
+    if (!bounds) continue;
+    const text = shortTitle(info) || "";
+    const perChar = 0.6 * Math.max(1, text.length);
+    const t = document.createElementNS(SVG_NS, "text");
+    t.setAttribute("class", "torchlog-short");
+    if (info.type === "box") {
+      const size = shortSize(Math.min((0.9 * bounds.w) / perChar, 30));
+      t.setAttribute("x", (bounds.x + 4).toFixed(1));
+      t.setAttribute("y", (bounds.y + 2 + 0.9 * size).toFixed(1));
+      t.setAttribute("font-size", String(size));
+      t.dataset.size = String(size);
     } else {
-      const points = shape.getAttribute("points").trim().split(/\s+/).map((p) => p.split(",").map(Number));
-      const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
-      middle = (Math.min(...ys) + Math.max(...ys)) / 2;
-      width = Math.max(...xs) - Math.min(...xs);
+      const size = shortSize(Math.min(0.62 * bounds.h, (0.9 * bounds.w) / perChar));
+      t.setAttribute("x", (bounds.x + bounds.w / 2).toFixed(1));
+      t.setAttribute("y", (bounds.y + bounds.h / 2 + 0.35 * size).toFixed(1));
+      t.setAttribute("text-anchor", "middle");
+      t.setAttribute("font-size", String(size));
+      t.dataset.size = String(size);
     }
-    const size = Number(text.getAttribute("font-size")) || 10;
-    const room = (0.92 * width) / (0.56 * size * Math.max(1, text.textContent.length));
-    const [name, k] = TITLE_GROWTH.find(([, k]) => k <= room) || TITLE_GROWTH[TITLE_GROWTH.length - 1];
-    g.dataset.title = name;
-    text.style.setProperty("--title-k", String(k));
-    text.style.setProperty("--title-dy", (middle - (Number(text.getAttribute("y")) - 0.35 * size)).toFixed(1) + "px");
+    t.textContent = text;
+    g.appendChild(t);
+    if (info.type === "box" || info.unit.kind === "module" || info.unit.kind === "repeat") smallest = Math.min(smallest, Number(t.dataset.size));
   }
+  return smallest;
 }
 
 // ----- the inset map --------------------------------------------------------------------------

@@ -45,20 +45,36 @@ function rows(pairs) {
 
 function siteHtml(site) {
   if (!site) return null;
-  const where = site.line === null ? esc(site.file) : `${esc(site.file)}:${site.line} in ${esc(site.func)}`;
+  // The line number stays on one line with its colon, however narrow the panel.
+  const where = site.line === null ? esc(site.file) :
+    `${esc(site.file)}<span class="line">:${site.line}</span> in ${esc(site.func)}`;
   return `<code>${where}</code>` + (site.text ? `<pre>${esc(site.text)}</pre>` : "");
 }
 
+// Why a page has no statistics at all: the log kept no activation.
+const NO_VALUES_TEXT = "This log saved no activations (logged with layers_to_save=None, or loaded " +
+  "without its values), so the page shows the structure only: no statistics, histograms, heatmaps " +
+  "or colours by a statistic. Log with layers_to_save='all' (the default) to see them.";
+
 function statsHtml(p) {
+  if (!DATA.numSaved) return `<p class="no-values">${esc(NO_VALUES_TEXT)}</p>`;
   if (!p.saved) return "<p>Activation not saved.</p>";
   const s = p.stats;
   if (!s) return "<p>Saved (no statistics: not a tensor).</p>";
   const bad = (n) => (n ? `<span class="warn">${n}</span>` : "0");
   const table = p.before ? beforeAfterHtml(p.before, s, bad) : rows([["min", num(s.min)], ["max", num(s.max)],
     ["mean", num(s.mean)], ["std", num(s.std)], ["zeros", (100 * s.zeros).toFixed(1) + " %"], ["NaN", bad(s.nan)],
-    ["Inf", bad(s.inf)], ["elements", String(s.numel)]]);
-  return table + (s.hist ? histogramSvg(s.hist) + logToggleHtml() : "") +
+    ["Inf", bad(s.inf)], ...maskedRow(s), ["elements", String(s.numel)]]);
+  return table + (s.hist ? histogramSvg({ lo: s.min, hi: s.max, counts: s.hist }) + logToggleHtml() : "") +
     (s.heat ? heatmapHtml(s.heat) : "");
+}
+
+// A mask's fills (finfo.min or finfo.max, as additive attention masks hold) are counted apart
+// from every other figure, the histogram and the heatmap's scale.
+function maskedRow(s) {
+  if (!s.masked) return [];
+  return [["masked", `${(100 * s.masked / s.numel).toFixed(1)} % <small>(${s.masked} entries at the dtype's ` +
+    "finfo.min or finfo.max: a mask's fill, left out of the figures above)</small>"]];
 }
 
 // An intervened pass: each statistic of the value before the first action and of the value saved.
@@ -118,11 +134,13 @@ function passIndexInCall(p) {
 
 function showPass(p) {
   panelHistograms.length = 0;
+  panelHeats.length = 0;
   ui.panel.innerHTML = `<h2>${esc(p.label)}</h2>` + passRows(p) + valueHtml(p, true);
 }
 
 function showLayer(layer) {
   panelHistograms.length = 0;
+  panelHeats.length = 0;
   const passes = layer.passes.map((l) => passByLabel.get(l));
   const first = passes[0];
   let html = `<h2>${esc(layer.label)}${passes.length > 1 ? ` (x${passes.length})` : ""}</h2>`;
@@ -131,10 +149,29 @@ function showLayer(layer) {
     ["passes", String(passes.length)], ["call site", siteHtml(first.site)]]);
   const chart = passesChartSvg(passes);
   if (chart) html += "<h3>Over the passes</h3>" + chart + '<p class="legend">mean (line), mean \u00b1 std (band), min and max (dots)</p>';
-  html += passes.map((p, i) => `<details${i === 0 ? " open" : ""}><summary>pass ${p.pass}: ${esc(shapeText(p.shape))}` +
-    `${p.stats && (p.stats.nan || p.stats.inf) ? ' <span class="warn">NaN/Inf</span>' : ""}</summary>` +
-    passRows(p) + valueHtml(p, false) + "</details>").join("");
-  ui.panel.innerHTML = html;
+  ui.panel.innerHTML = html + '<h3>Passes</h3><div id="torchlog-passes"></div>';
+  ui.panel.scrollTop = 0;
+  showPassPage(layer, 0);
+}
+
+// A layer's passes, PASS_PAGE at a time (a loop of 5,000 passes would build 5,000 sections).
+const PASS_PAGE = 50;
+
+function showPassPage(layer, page) {
+  const list = el("torchlog-passes");
+  if (!list) return;
+  const count = layer.passes.length, pages = Math.ceil(count / PASS_PAGE);
+  const at = Math.max(0, Math.min(pages - 1, page)), start = at * PASS_PAGE;
+  const shown = layer.passes.slice(start, start + PASS_PAGE).map((l) => passByLabel.get(l));
+  const button = (to, text, off) => `<button type="button" data-pass-page="${to}"${off ? " disabled" : ""}>${text}</button>`;
+  const pager = pages < 2 ? "" : `<nav class="pager" data-layer="${esc(layer.label)}">` +
+    button(0, "\u00ab", at === 0) + button(at - 1, "\u2039 previous", at === 0) +
+    ` passes ${start + 1}-${start + shown.length} of ${count} ` +
+    button(at + 1, "next \u203a", at === pages - 1) + button(pages - 1, "\u00bb", at === pages - 1) + "</nav>";
+  list.innerHTML = pager + shown.map((p, i) => `<details${i === 0 && at === 0 ? " open" : ""}><summary>pass ${p.pass}: ` +
+    `${esc(shapeText(p.shape))}${p.stats && (p.stats.nan || p.stats.inf) ? ' <span class="warn">NaN/Inf</span>' : ""}` +
+    "</summary>" + passRows(p) + valueHtml(p, false) + "</details>").join("");
+  list.dataset.page = String(at);
 }
 
 function showModule(moduleKey) {
@@ -175,6 +212,11 @@ function showFailure() {
 }
 
 function onPanelClick(ev) {
+  const pageButton = ev.target.closest("button[data-pass-page]");
+  if (pageButton) {
+    showPassPage(layerByLabel.get(pageButton.closest("nav").dataset.layer), Number(pageButton.dataset.passPage));
+    return;
+  }
   const a = ev.target.closest("a");
   if (!a) return;
   if (a.dataset.goto) goTo(a.dataset.goto);

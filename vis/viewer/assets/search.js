@@ -3,9 +3,9 @@
 //
 //   h.2.attn/softmax   h.2.attn softmax   ops named softmax inside module h.2.attn
 //   func:softmax   shape:(1,4,32,32)   in:h.2   dtype:int64   kind:param
-//   nan>0   inf>0   std>10   zeros>0.9   mean<0   min<-5   max>=100   absmax>1e3
+//   nan>0   inf>0   std>10   zeros>0.9   mean<0   min<-5   max>=100   absmax>1e3   masked>0.4
 const MAX_RESULTS = 200;
-const STAT_TERM = /^(nan|inf|std|mean|min|max|zeros|absmax|numel)(>=|<=|>|<|=)(-?[\d.]+(?:e[-+]?\d+)?)$/i;
+const STAT_TERM = /^(nan|inf|std|mean|min|max|zeros|absmax|numel|masked)(>=|<=|>|<|=)(-?[\d.]+(?:e[-+]?\d+)?)$/i;
 let lastSearch = { text: null, index: -1 };
 
 // ----- queries -------------------------------------------------------------------------------
@@ -13,6 +13,7 @@ function statValue(p, name) {
   const s = p.stats;
   if (!s) return null;
   if (name === "absmax") return s.min === null ? null : Math.max(Math.abs(s.min), Math.abs(s.max));
+  if (name === "masked") return s.numel ? (s.masked || 0) / s.numel : null;  // a share, as zeros
   return s[name] === undefined ? null : s[name];
 }
 
@@ -203,9 +204,16 @@ async function openFromHash() {
   const hash = decodeURIComponent(location.hash.slice(1));
   if (!hash) return false;
   if (hash === "failed" && DATA.failure) return goToFailure();
-  if (hash.startsWith("module=")) {
-    const key = moduleKeyOf(hash.slice("module=".length));
-    return key !== null && goToModule(key);
-  }
-  return goTo(hash);
+  const found = hash.startsWith("module=") ? moduleKeyOf(hash.slice("module=".length)) !== null &&
+    await goToModule(moduleKeyOf(hash.slice("module=".length))) : await goTo(hash);
+  if (!found) unknownHash(hash);
+  return found;
+}
+
+// A link to something this history does not hold: say so, where the eye goes first.
+function unknownHash(hash) {
+  const text = `The link's #${hash} names nothing in this history (a label such as softmax_2_95, ` +
+    "softmax_2_95:2 or module=h.2.attn); the page opened at its start.";
+  setStatus(`#${hash}: not in this history`, true);
+  ui.panel.innerHTML = `<p class="error" id="torchlog-unknown-hash">${esc(text)}</p>`;
 }
