@@ -15,7 +15,7 @@ then an attention inside it) from that view and of expanding one at about 400 no
 (`expand_400_ms`), and of expanding every module, with the longest main-thread task the Long
 Tasks API saw meanwhile (`expand_all_longest_task_ms`; the layout runs in a worker). For the
 loop, whether its unrolled view is drawn or refused. Results go to
-bench/results/viewer-open-expand-<machine>.{txt,json}.
+bench/results/viewer-open-expand-<commit>-<machine>.{txt,json}.
 """
 from __future__ import annotations
 
@@ -267,7 +267,8 @@ def main() -> int:
     lines += verdicts(rows)
     print("\n".join(lines[-len(verdicts(rows)):]) if verdicts(rows) else "")
     if not args.no_save and not args.quick:
-        stem = RESULTS / f"viewer-open-expand-{machine()}"
+        commit = provenance()["commit"].replace("+", "-")
+        stem = RESULTS / f"viewer-open-expand-{commit}-{machine()}"
         stem.with_suffix(".txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         stem.with_suffix(".json").write_text(json.dumps({"provenance": provenance(), "rows": rows},
                                                         indent=1) + "\n", encoding="utf-8")
