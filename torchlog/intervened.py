@@ -1,21 +1,21 @@
 """`torchlog.run`: a model's output under interventions, at the cost of a hooked forward, with no log."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
 
 from torchlog.api import probe_for
-from torchlog.arguments import Request, prepare
+from torchlog.arguments import Request, positional_args, prepare
 from torchlog.capture import FiringRecord, run_lean
 from torchlog.errors import InterventionError, InvalidOptionError
 from torchlog.interventions.records import InterventionRecord, part_of
 from torchlog.model_state import eager_submodules, model_kept
 from torchlog.options import LogOptions
-from torchlog.seeding import seeded
+from torchlog.seeding import new_seed, seeded
 
-__all__ = ["RunResult", "run"]
+__all__ = ["RunResult", "Runner", "run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +68,50 @@ def run(model: nn.Module, input_args: Any, input_kwargs: dict[str, Any] | None =
         >>> torch.equal(result.output, net[2].bias.expand(2, 1)), result.interventions[0].label
         (True, '1:1')
     """
-    if intervene is None and stop_after is None:
-        raise InvalidOptionError("torchlog.run needs intervene= or stop_after=; without them call the model itself")
-    options = LogOptions(layers_to_save=None, intervene=intervene, stop_after=stop_after, random_seed=random_seed)
-    request = prepare(model, input_args, input_kwargs, options)
+    return Runner(model, intervene=intervene, stop_after=stop_after, random_seed=random_seed)(input_args, input_kwargs)
+
+
+class Runner:
+    """`torchlog.run` prepared once for a model and its sites, to run on many inputs (the
+    steps of a decode loop, the batches of a dataset): the model's modules are walked, the
+    sites checked and the plan's rules built on the first call only; each call then costs
+    what `torchlog.run` costs minus that preparation. Probes for label sites are kept per
+    input signature, as for `torchlog.run`.
+
+    Raises:
+        InvalidOptionError: neither intervene nor stop_after.
+
+    Example:
+        >>> import torch, torchlog
+        >>> from torchlog.interventions import scale
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+        >>> halve = torchlog.intervened.Runner(net, intervene={'1': scale(0.5)})
+        >>> [torch.equal(halve(x).output, net(x) * 0.5) for x in (torch.ones(1, 3), torch.rand(4, 3))]
+        [True, True]
+    """
+
+    def __init__(self, model: nn.Module, *, intervene: Any = None, stop_after: Any = None,
+                 random_seed: int | None = None) -> None:
+        if intervene is None and stop_after is None:
+            raise InvalidOptionError("torchlog.run needs intervene= or stop_after=; without them call the model itself")
+        self.model = model
+        self.options = LogOptions(layers_to_save=None, intervene=intervene, stop_after=stop_after,
+                                  random_seed=random_seed)
+        self._first: Request | None = None
+
+    def __call__(self, input_args: Any, input_kwargs: dict[str, Any] | None = None) -> RunResult:
+        """Run the model on these inputs under the prepared sites; see `torchlog.run`."""
+        if self._first is None:
+            request = self._first = prepare(self.model, input_args, input_kwargs, self.options)
+        else:
+            seed = new_seed() if self.options.random_seed is None else self.options.random_seed
+            request = replace(self._first, args=positional_args(self.model, input_args),
+                              kwargs={} if input_kwargs is None else input_kwargs, seed=seed)
+        return _run_request(request)
+
+
+def _run_request(request: Request) -> RunResult:
+    """One run of a prepared request: on a kept or new probe where a site needs one."""
     planner = request.acting
     for attempt in range(2):
         probe = None

@@ -12,7 +12,7 @@ from torchlog.errors import InvalidArgumentTypeError
 from torchlog.generation.api import chosen_steps, run_steps, runner
 from torchlog.generation.history import StepIntervention
 from torchlog.generation.stepping import StepLogger
-from torchlog.intervened import run
+from torchlog.intervened import Runner
 from torchlog.sites.entries import check_intervene
 
 __all__ = ["GenerationRun", "run_generation"]
@@ -85,12 +85,17 @@ def run_generation(model: nn.Module, input_ids: torch.Tensor, *, intervene: Any,
         check_intervene(intervene)  # before the model runs
     steps = chosen_steps(intervene_steps, generate_kwargs.get("max_new_tokens"))
 
+    # One Runner for sites that do not change with the step: the model's modules are
+    # walked and the sites checked once, not at every step.
+    fixed = None if callable(intervene) or intervene is None else Runner(model, intervene=intervene)
+
     def run_step(args: list, kwargs: dict[str, Any], step: int) -> tuple:
         spelled = intervene(step) if callable(intervene) else intervene
         if spelled is None or (steps is not None and step not in steps):
             model(*args, **kwargs)
             return ()
-        return run(model, args, kwargs, intervene=spelled).interventions
+        runner_now = fixed if fixed is not None else Runner(model, intervene=spelled)
+        return runner_now(args, kwargs).interventions
 
     logger = StepLogger(model, run_step)
 
