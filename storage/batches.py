@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from torchlog.capture.nesting import find_tensors
+from torchlog.capture import find_tensors
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
 
 __all__ = ["Batches", "batch_len"]

@@ -36,8 +36,7 @@ from torch import nn
 
 from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
-from torchlog.capture.lean import Place, call_names
-from torchlog.capture.module_outputs import ModuleWatcher
+from torchlog.capture import ModuleWatcher, Place, call_names
 from torchlog.errors import InvalidOptionError, OpSequenceChangedWarning
 from torchlog.history import ModelHistory, all_passes
 from torchlog.model_state import model_kept

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from torchlog.capture.lean import Place, run_lean
-from torchlog.capture.module_outputs import ModulePass, ModuleWatcher
-from torchlog.capture.nesting import find_tensors
+from torchlog.capture import ModulePass, ModuleWatcher, Place, find_tensors, run_lean
 
 __all__ = ["BatchValues", "HookRunner", "LeanRunner"]
 

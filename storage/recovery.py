@@ -16,8 +16,7 @@ from typing import Any, NamedTuple
 import h5py
 
 from torchlog.assemble import assemble
-from torchlog.capture.captured import CapturedPass, ModuleInfo
-from torchlog.capture.nodes import RawNode
+from torchlog.capture import CapturedPass, ModuleInfo, RawNode
 from torchlog.history import ModelHistory, RunInfo
 from torchlog.records import LazyTensor, ParamInfo, TensorMeta
 from torchlog.storage.format import ACTIVATIONS, MODULE_TABLE, NODE_LOG, dtype_from_name, dtype_name

@@ -20,8 +20,7 @@ from typing import Any
 import h5py
 import torch
 
-from torchlog.capture.captured import ModuleInfo
-from torchlog.capture.nodes import RawNode
+from torchlog.capture import ModuleInfo, RawNode
 from torchlog.errors import IncompleteLogWarning, InvalidArgumentTypeError, LogFileError
 from torchlog.history import ModelHistory, all_passes
 from torchlog.records import LazyTensor, PassRecord

@@ -232,6 +232,41 @@ def test_the_paths_where_new_code_goes_exist() -> None:
     assert not missing, f"docs/design.md says new code goes in {missing}, which do not exist"
 
 
+def _function_level_imports(function: ast.AST) -> set[str]:
+    """The torchlog modules imported inside `function` (`require("torchlog....")` counts)."""
+    found = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            found.add(str(node.args[0].value))
+    return {name for name in found if name.split(".")[0] == "torchlog"}
+
+
+def test_history_reaches_other_packages_only_from_the_conveniences_the_page_lists() -> None:
+    """The history is a container: its methods that call into another package are the closed
+    list of ```history-conveniences, each one call of that package's function."""
+    tree = ast.parse((ROOT / "torchlog" / "history.py").read_text())
+    history = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelHistory")
+    reached: dict[str, set[str]] = {}
+    for method in history.body:
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for target in _function_level_imports(method):
+                package = target.removeprefix("torchlog.").split(".")[0]
+                reached.setdefault(package, set()).add(method.name)
+    listed = {package: set(methods) for package, *methods in _block("history-conveniences")}
+    assert reached == listed, (f"docs/design.md's ```history-conveniences lists {listed}; the methods of "
+                               f"ModelHistory that import another package are {reached}")
+    for package, methods in reached.items():
+        for method in methods:
+            body = next(m for m in history.body if getattr(m, "name", None) == method).body
+            calls = [n for n in body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+            assert len(calls) <= 2, f"ModelHistory.{method} does more than call {package}'s function"
+
+
 def _reversed_copy(history):
     """A new ModelHistory of `history`'s records with the passes in reverse order: broken."""
     from torchlog.history import ModelHistory

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -21,7 +22,6 @@ UPWARD_ENTRY_POINTS = {
     ("torchlog.history", "torchlog.vis"),
     ("torchlog.history", "torchlog.storage"),
     ("torchlog.history", "torchlog.export"),
-    ("torchlog.history", "torchlog.comparison"),
     ("torchlog.arguments", "torchlog.vis"),
     ("torchlog.api", "torchlog.storage"),
     ("torchlog.patching.result", "torchlog.vis"),
@@ -41,6 +41,7 @@ def _layer_table() -> dict[str, int]:
     return table
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     """Every module of the installed packages, by dotted name (vendored files left out)."""
     found: dict[str, Path] = {}
@@ -131,6 +132,61 @@ def test_the_allowed_upward_imports_are_the_ones_the_page_lists() -> None:
         short = target.removeprefix("torchlog.")
         assert re.search(rf"`{importer.removeprefix('torchlog.')}` → [^;]*`{short}`", page), (
             f"docs/design.md does not list the function-level import {importer} -> {target}")
+
+
+def _reaches_past_a_public_face(source: str, importer: str) -> list[str]:
+    """What `source` (the module `importer`) imports against the two rules of public faces:
+    outside torchlog/capture/, capture's names come from `torchlog.capture` itself, never
+    from one of its modules; and no torchlog module's private (`_name`) names are imported
+    or read through an imported module, whatever the level of the import."""
+    tree = ast.parse(source)
+    outside_capture = not (importer == "torchlog.capture" or importer.startswith("torchlog.capture."))
+    wrong, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module.split(".")[0] != "torchlog":
+                continue
+            if outside_capture and node.module.startswith("torchlog.capture."):
+                wrong.append(f"{importer} imports from {node.module} (line {node.lineno}): import from torchlog.capture")
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    wrong.append(f"{importer} imports the private name {node.module}.{alias.name} (line {node.lineno})")
+                elif f"{node.module}.{alias.name}" in _modules():
+                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "torchlog":
+                    continue
+                if outside_capture and alias.name.startswith("torchlog.capture."):
+                    wrong.append(f"{importer} imports {alias.name} (line {node.lineno}): import from torchlog.capture")
+                modules[alias.asname or alias.name] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and ast.unparse(node.value) in modules):
+            wrong.append(f"{importer} reads the private name {ast.unparse(node)} (line {node.lineno})")
+    return wrong
+
+
+def test_modules_use_public_faces_only() -> None:
+    wrong = [problem for name, path in sorted(_modules().items())
+             for problem in _reaches_past_a_public_face(path.read_text(), name)]
+    assert not wrong, ("imports past a public face (make the name public where it is shared, or move it):\n"
+                       + "\n".join(wrong))
+
+
+def test_the_public_face_check_finds_each_kind_of_reach() -> None:
+    source = ("from torchlog.capture.plan import OpPlan\n"
+              "import torchlog.capture.nodes\n"
+              "from torchlog.sites import planner\n"
+              "def f():\n"
+              "    from torchlog.sites.planner import _uses_position\n"
+              "    return planner._uses_position\n")
+    found = _reaches_past_a_public_face(source, "torchlog.api")
+    assert [line.split(" (line")[0] for line in found] == [
+        "torchlog.api imports from torchlog.capture.plan", "torchlog.api imports torchlog.capture.nodes",
+        "torchlog.api imports the private name torchlog.sites.planner._uses_position",
+        "torchlog.api reads the private name planner._uses_position"]
+    assert _reaches_past_a_public_face(source.replace("_uses_position", "reached"), "torchlog.capture.run") == []
 
 
 def test_importing_torchlog_loads_no_optional_dependency_or_front_end() -> None:

@@ -23,16 +23,19 @@ from torchlog.errors import (
     OpSequenceChangedWarning,
     DistributedExtractError,
     ComparisonError,
+    GenerationError,
+    StepNotFoundError,
 )
 from torchlog.history import ModelHistory
 from torchlog.invariants import lint
 from torchlog.optional import require
 from torchlog.options import LogOptions
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, PassRecord, TensorMeta
-from torchlog.replay import validate_saved_activations
+from torchlog.validation import validate_saved_activations
 from torchlog.comparison import Comparison, compare, find_nonfinite
 from torchlog.intervened import RunResult, run
-from torchlog import interventions, patching
+from torchlog.generation import GenerationHistory, log_generation
+from torchlog import datasets, interventions, patching
 from torchlog.sites import select
 from torchlog.errors import InterventionError
 
@@ -90,6 +93,7 @@ __all__ = [
     "LogFileError", "TorchlogWarning", "CompiledModelWarning", "LogFileNotFoundError", "LogFileExistsError", "MissingDependencyError",
     "LogFilePermissionError", "IncompleteLogWarning", "lint", "LintError",
     "OpSequenceChangedWarning", "DistributedExtractError", "InterventionError", "interventions",
-    "patching", "select",
+    "patching", "select", "datasets",
     "compare", "Comparison", "ComparisonError", "find_nonfinite", "run", "RunResult",
+    "log_generation", "GenerationHistory", "StepNotFoundError", "GenerationError",
 ]

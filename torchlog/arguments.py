@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from torch import nn
 
-from torchlog.capture.options import CaptureOptions
+from torchlog.capture import CaptureOptions
 from torchlog.errors import InvalidArgumentTypeError, ModelInputError, TorchlogWarning
 from torchlog.sites.entries import check_intervene
 from torchlog.sites.planner import Planner
@@ -80,7 +80,7 @@ def _plugins() -> tuple:
     """Capture plugins for op sources beyond torch functions that this process can use."""
     if "triton" not in sys.modules:  # the model cannot launch kernels: log them at no cost
         return ()
-    from torchlog.capture.triton import log_triton_launches
+    from torchlog.capture import log_triton_launches
 
     return (log_triton_launches,)
 

@@ -5,9 +5,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from torchlog.capture.call_sites import site_text as _site_text
-from torchlog.capture.captured import CapturedPass
-from torchlog.capture.nodes import RawNode
+from torchlog.capture import CapturedPass, RawNode, site_text as _site_text
 from torchlog.labels import layer_label, layer_type_of, pass_label
 from torchlog.loops import group_into_layers
 from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParentEdge, PassRecord

@@ -9,7 +9,7 @@ __all__ = ["TorchlogError", "LayerNotFoundError", "InvalidOptionError", "Invalid
            "LogFileNotFoundError", "LogFileExistsError", "LogFilePermissionError",
            "MissingDependencyError", "LintError", "TorchlogWarning", "CompiledModelWarning",
            "IncompleteLogWarning", "OpSequenceChangedWarning", "DistributedExtractError",
-           "ComparisonError", "closest_matches"]
+           "ComparisonError", "StepNotFoundError", "GenerationError", "closest_matches"]
 
 _MAX_LISTED = 20  # LintError lists this many problems, then counts the rest
 
@@ -112,6 +112,16 @@ class InterventionError(TorchlogError, RuntimeError):
 
 class ComparisonError(TorchlogError, ValueError):
     """Two histories cannot be compared: one saved no values, or the runs share no op."""
+
+
+class StepNotFoundError(TorchlogError, IndexError):
+    """A generation has no such decoding step; the message gives the valid range."""
+
+
+class GenerationError(TorchlogError, RuntimeError):
+    """A logged generation could not be done as asked (a step ran the model twice over a
+    cache written in place, decode returned no token sequence); the steps done are on
+    `exc.torchlog_generation`."""
 
 
 def closest_matches(key: str, candidates: Iterable[str], limit: int = 5) -> list[str]:

@@ -315,13 +315,6 @@ class ModelHistory(Sequence):
     def layers_with_grads(self) -> list[str]:
         return [p.label for p in self._passes if p.has_grad]  # reads no gradient from disk
 
-    def first_nonfinite(self) -> PassRecord | None:
-        """The first pass whose value holds a NaN or Inf while its parents' are finite (None
-        when none does); see `torchlog.comparison.first_nonfinite`."""
-        from torchlog.comparison import first_nonfinite  # comparison sits above the history
-
-        return first_nonfinite(self)
-
     def log_backward(self, loss: Any) -> None:
         """Call `loss.backward()` and fill `grad_contents` of every pass it reaches.
 

@@ -18,7 +18,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torchlog.capture.nodes import RawNode
+    from torchlog.capture import RawNode
 
 _PARENT, _CHILD = 0, 1
 NOT_AN_OP = -1  # program point id of inputs, outputs, buffers and foreign tensors

@@ -30,7 +30,7 @@ from torchlog.lockstep import NOT_AN_OP, LockstepUnion
 from torchlog.scopes import internal_scope
 
 if TYPE_CHECKING:
-    from torchlog.capture.nodes import RawNode
+    from torchlog.capture import RawNode
 
 
 def group_into_layers(nodes: Sequence[RawNode]) -> list[list[int]]:

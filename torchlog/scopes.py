@@ -4,10 +4,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from torchlog.capture.functionals import FUNCTIONAL_KEY
+from torchlog.capture import FUNCTIONAL_KEY
 
 if TYPE_CHECKING:
-    from torchlog.capture.nodes import RawNode
+    from torchlog.capture import RawNode
 
 __all__ = ["internal_scope"]
 

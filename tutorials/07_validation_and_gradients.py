@@ -20,7 +20,7 @@ from torch import nn
 
 import torchlog
 from torchlog.records import ParentEdge
-from torchlog.replay import find_replay_problems
+from torchlog.validation import find_replay_problems
 
 
 # ---------------------------------------------------------------------------------------

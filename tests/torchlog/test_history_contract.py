@@ -79,14 +79,7 @@ COVERED = {
     "summary": "test_summary_str_and_repr",
     "interventions": "test_interventions_and_stop",
     "stopped_at": "test_interventions_and_stop",
-    "first_nonfinite": "test_first_nonfinite",
 }
-
-
-def test_first_nonfinite(history: ModelHistory) -> None:
-    assert history.first_nonfinite() is None  # every value of the recurrent model is finite
-    broken = torchlog.log_forward_pass(SimpleRecurrent(), torch.full((2, 5), float("nan")))
-    assert broken.first_nonfinite() is broken[0]  # the input itself
 
 
 def test_interventions_and_stop(history: ModelHistory) -> None:

@@ -17,7 +17,7 @@ Example:
     >>> torch.equal(h[-1].tensor_contents, net[2].bias.expand(2, 1))
     True
 """
-from torchlog.capture.plan import Firing
+from torchlog.capture import Firing
 from torchlog.errors import InterventionError
 from torchlog.interventions.actions import (Action, add, clamp, mean_ablate, noise, patch_from,
                                             project_out, replace_with, scale, splice, zero_ablate)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlog.capture.plan import Firing
+from torchlog.capture import Firing
 from torchlog.errors import InterventionError, InvalidArgumentTypeError, InvalidOptionError
 
 __all__ = ["Action", "add", "clamp", "mean_ablate", "noise", "patch_from", "project_out",

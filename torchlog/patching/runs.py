@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlog.capture.lean import run_lean
-from torchlog.capture.plan import Act, ExitRule, Firing, OpPlan
+from torchlog.capture import Act, ExitRule, Firing, OpPlan, run_lean
 from torchlog.errors import InterventionError
 from torchlog.patching.prefix import Prefix
 from torchlog.records import PassRecord

@@ -22,9 +22,7 @@ import torch
 from torch import nn
 
 from torchlog.api import log_forward_pass
-from torchlog.capture.lean import call_names, run_lean
-from torchlog.capture.nesting import find_tensors
-from torchlog.capture.plan import substitute
+from torchlog.capture import call_names, find_tensors, run_lean, substitute
 from torchlog.errors import InterventionError, InvalidOptionError
 from torchlog.model_state import model_kept
 from torchlog.patching.prefix import Prefix

@@ -11,13 +11,9 @@ import torch
 from torch import nn
 
 from torchlog.api import log_forward_pass
-from torchlog.capture.nesting import find_tensors
-from torchlog.capture.nodes import OP_CONTEXT_KEY
-from torchlog.capture.ops import describe
-from torchlog.capture.plan import Act, Firing, StopCapture, out_of_order, outputs_missing, run_action
-from torchlog.capture.plan import FiringRecord
-from torchlog.capture.rng import rng_restored
-from torchlog.capture.writes import returns_nothing_but_writes
+from torchlog.capture import (OP_CONTEXT_KEY, Act, Firing, FiringRecord, StopCapture, describe, find_tensors,
+                              out_of_order, outputs_missing, returns_nothing_but_writes, rng_restored,
+                              run_action)
 from torchlog.errors import (InterventionError, InvalidArgumentTypeError, InvalidOptionError,
                              closest_matches)
 from torchlog.history import ModelHistory, all_passes
@@ -26,7 +22,7 @@ from torchlog.sites.entries import Site, check_intervene
 from torchlog.sites.random_ops import RANDOM_OPS
 from torchlog.sites.resolve import acted_on, exit_part, module_selector
 from torchlog.records import LayerRecord, NodeKind, PassRecord, TensorMeta
-from torchlog.sites.select import Selector, _Module, view_of
+from torchlog.sites.select import Selector, ModuleSelector, view_of
 from torchlog.sites.resolve import resolve
 from torchlog.rerun import op_context, replaced, value_mismatch
 
@@ -210,7 +206,7 @@ def _exit_targets(history: ModelHistory, site: Site, selector: Selector,
     """An action on the first output of each module call an exit-stage selector names."""
     target = exit_part(selector)
     condition = None if target is selector else selector.op_test(types)
-    if isinstance(target, _Module):
+    if isinstance(target, ModuleSelector):
         addresses, call, output = [target.address], target.call, target.output or 0
     else:
         addresses, call, output = [a for a, kind in types.items() if kind == target.type_name], None, 0

@@ -8,7 +8,7 @@ from torchlog.errors import InterventionError, InvalidOptionError, closest_match
 from torchlog.history import ModelHistory
 from torchlog.records import LayerRecord, NodeKind, PassRecord
 from torchlog.sites.entries import SELECTION_FORMS
-from torchlog.sites.select import Selector, _Module, _ModuleType
+from torchlog.sites.select import Selector, ModuleSelector, ModuleTypeSelector
 
 _OP_KINDS = (NodeKind.OP, NodeKind.CREATED)
 
@@ -106,7 +106,7 @@ def parts(selector: Selector) -> list[Selector]:
 
 
 def exit_part(selector: Selector) -> Selector:
-    return next(p for p in parts(selector) if isinstance(p, (_Module, _ModuleType)))
+    return next(p for p in parts(selector) if isinstance(p, (ModuleSelector, ModuleTypeSelector)))
 
 
 def module_selector(given: Any, addresses: Any) -> Selector | None:
@@ -115,8 +115,8 @@ def module_selector(given: Any, addresses: Any) -> Selector | None:
     if not isinstance(given, str):
         return None
     if given in addresses:
-        return _Module(given)
+        return ModuleSelector(given)
     address, _, call = given.rpartition(":")
     if address in addresses and call.isdigit() and int(call) >= 1:
-        return _Module(address, int(call))
+        return ModuleSelector(address, int(call))
     return None

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchlog.capture.plan import OpView
+from torchlog.capture import OpView
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
 from torchlog.labels import layer_type_of
 from torchlog.records import LayerRecord, PassRecord
@@ -129,7 +129,9 @@ class _Func(Selector):
         return f"func({self.name!r})"
 
 
-class _InModule(Selector):
+class InModuleSelector(Selector):
+    """Ops run inside a module (`in_module`); the planner reads its `address`."""
+
     stage = "op"
 
     def __init__(self, address: str) -> None:
@@ -153,7 +155,9 @@ class _InModule(Selector):
         return f"in_module({self.address!r})"
 
 
-class _Where(Selector):
+class WhereSelector(Selector):
+    """Ops a predicate on their `OpView` accepts (`where`)."""
+
     stage = "op"
 
     def __init__(self, predicate: Callable[[OpView], Any]) -> None:
@@ -170,7 +174,9 @@ class _Where(Selector):
         return f"where({getattr(self.predicate, '__name__', 'predicate')})"
 
 
-class _Module(Selector):
+class ModuleSelector(Selector):
+    """A module call's output (`module`): its `address`, `call` (None: every call) and `output` index."""
+
     stage = "exit"
 
     def __init__(self, address: str, call: int | None = None, output: int | None = None) -> None:
@@ -204,7 +210,7 @@ class _Module(Selector):
         return f"module({', '.join(args)})"
 
 
-class _ModuleInput(Selector):
+class ModuleInputSelector(Selector):
     """What a module call receives: the `index`-th tensor of its arguments."""
 
     stage = "entry"
@@ -225,7 +231,9 @@ class _ModuleInput(Selector):
         return f"module_input({', '.join(args)})"
 
 
-class _ModuleType(Selector):
+class ModuleTypeSelector(Selector):
+    """The outputs of every module of one type (`module_type`)."""
+
     stage = "exit"
 
     def __init__(self, type_name: str) -> None:
@@ -333,7 +341,7 @@ def func(name: str) -> Selector:
 
 def in_module(address: str) -> Selector:
     """Every op run inside module `address`, at any depth (not the module's inputs)."""
-    return _InModule(_text(address, "in_module"))
+    return InModuleSelector(_text(address, "in_module"))
 
 
 def module(address: str, call: int | None = None, output: int | None = None) -> Selector:
@@ -349,7 +357,7 @@ def module(address: str, call: int | None = None, output: int | None = None) -> 
         raise InvalidArgumentTypeError(f"select.module call must be an int >= 1 or None, got {call!r}")
     if output is not None and (isinstance(output, bool) or not isinstance(output, int) or output < 0):
         raise InvalidArgumentTypeError(f"select.module output must be an int >= 0 or None, got {output!r}")
-    return _Module(_text(address, "module"), call, output)
+    return ModuleSelector(_text(address, "module"), call, output)
 
 
 def module_input(address: str, call: int | None = None, index: int = 0) -> Selector:
@@ -364,12 +372,12 @@ def module_input(address: str, call: int | None = None, index: int = 0) -> Selec
         raise InvalidArgumentTypeError(f"select.module_input call must be an int >= 1 or None, got {call!r}")
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise InvalidArgumentTypeError(f"select.module_input index must be an int >= 0, got {index!r}")
-    return _ModuleInput(_text(address, "module_input"), call, index)
+    return ModuleInputSelector(_text(address, "module_input"), call, index)
 
 
 def module_type(type_name: str) -> Selector:
     """The outputs of every module of this class name (`module_type('GPT2Block')`)."""
-    return _ModuleType(_text(type_name, "module_type"))
+    return ModuleTypeSelector(_text(type_name, "module_type"))
 
 
 def label(text: str) -> Selector:
@@ -383,4 +391,4 @@ def where(predicate: Callable[[OpView], Any]) -> Selector:
     enclosing modules, shape, dtype, op index), what is known when the op returns."""
     if not callable(predicate):
         raise InvalidArgumentTypeError(f"select.where takes a callable (OpView -> bool), got {predicate!r}")
-    return _Where(predicate)
+    return WhereSelector(predicate)

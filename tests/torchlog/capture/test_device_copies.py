@@ -17,7 +17,7 @@ import torchlog.capture.recorder as recorder_module
 from tests.invariants import check_history
 from tests.models import TINY_MODELS
 from torchlog.capture.transfer import DeviceCopier
-from torchlog.replay import find_replay_problems
+from torchlog.validation import find_replay_problems
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
@@ -401,4 +401,4 @@ def test_cuda_random_ops_replay_from_their_cuda_rng_state() -> None:
     torch.cuda.set_rng_state(other, device)
     problems = find_replay_problems(history).problems
     assert [(p.label, p.check) for p in problems] == [(dropout.label, "replay")]
-    assert torchlog.replay.validate_saved_activations(model, x, random_seed=1)
+    assert torchlog.validate_saved_activations(model, x, random_seed=1)

@@ -9,7 +9,7 @@ from torch import nn
 import torchlog
 from tests.models import TINY_MODELS
 from torchlog.capture.rng import cuda_device_of, rng_restored, rng_state
-from torchlog.replay import find_replay_problems
+from torchlog.validation import find_replay_problems
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
@@ -114,4 +114,4 @@ def test_restoring_a_cuda_state_replays_a_cuda_draw() -> None:
 def test_cuda_dropout_model_validates() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.ReLU()).cuda().train()
     x = torch.randn(4, 8, device="cuda")
-    assert torchlog.replay.validate_saved_activations(model, x, random_seed=0)
+    assert torchlog.validate_saved_activations(model, x, random_seed=0)

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from torchlog.records import PassRecord
-from torchlog.replay.rerun import SETITEM, is_continuous, replaced
+from torchlog.rerun import SETITEM, is_continuous, replaced
 
 __all__ = ["READS_EVERY_VALUE", "UNDEFINED_VALUES", "ignores_parent_values", "may_perturb"]
 

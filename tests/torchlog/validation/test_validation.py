@@ -10,7 +10,7 @@ import torchlog
 from tests.models import TINY_MODELS, AlexNet, SimpleRecurrent
 from tests.torchlog.test_real_models import TORCH_CASES, TRANSFORMERS
 from torchlog.records import ParentEdge
-from torchlog.replay import find_replay_problems, validate_saved_activations
+from torchlog.validation import find_replay_problems, validate_saved_activations
 
 
 def _log(model: nn.Module, x: torch.Tensor, **options) -> torchlog.ModelHistory:

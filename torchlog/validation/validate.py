@@ -9,13 +9,14 @@ from torch import nn
 # The plain run spreads input_args and puts the model's buffers back as logging does.
 from torchlog.api import log_forward_pass
 from torchlog.arguments import positional_args
-from torchlog.capture.nesting import find_tensors
+from torchlog.capture import find_tensors
 from torchlog.model_state import model_kept
 from torchlog.records import PassRecord
-from torchlog.replay.report import ReplayProblem, ReplayReport, print_report
-from torchlog.replay.rerun import is_continuous, largest_finite, perturbed, rerun, value_mismatch
-from torchlog.replay.rules import READS_EVERY_VALUE, UNDEFINED_VALUES, ignores_parent_values, may_perturb
+from torchlog.rerun import is_continuous, rerun, value_mismatch
 from torchlog.seeding import new_seed, seeded
+from torchlog.validation.perturbation import largest_finite, perturbed
+from torchlog.validation.report import ReplayProblem, ReplayReport, print_report
+from torchlog.validation.rules import READS_EVERY_VALUE, UNDEFINED_VALUES, ignores_parent_values, may_perturb
 
 __all__ = ["find_replay_problems", "validate_saved_activations"]
 

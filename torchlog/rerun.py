@@ -1,4 +1,4 @@
-"""Re-running one logged op on saved values, perturbing a value, and comparing two results."""
+"""Re-running one logged op on saved values, in the state it ran in, and comparing two results."""
 from __future__ import annotations
 
 import contextlib
@@ -7,14 +7,10 @@ from typing import Any
 
 import torch
 
-from torchlog.capture.nesting import find_tensors
-from torchlog.capture.nodes import OP_CONTEXT_KEY
-from torchlog.capture.rng import rng_restored
-from torchlog.capture.writes import returns_nothing_but_writes
+from torchlog.capture import OP_CONTEXT_KEY, find_tensors, returns_nothing_but_writes, rng_restored
 from torchlog.records import PassRecord
 
-__all__ = ["SETITEM", "is_continuous", "largest_finite", "op_context", "perturbed", "replaced", "rerun",
-           "value_mismatch"]
+__all__ = ["SETITEM", "is_continuous", "op_context", "replaced", "rerun", "value_mismatch"]
 
 SETITEM = torch.Tensor.__setitem__
 
@@ -90,44 +86,6 @@ def op_context(context: dict | None) -> Iterator[None]:
         for device, dtype in context.get("autocast", {}).items():
             stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
         yield
-
-
-def perturbed(t: torch.Tensor, generator: torch.Generator, scale: float = 1.0) -> torch.Tensor | None:
-    """Different values of the same shape, dtype and layout; None when none exist.
-
-    Floats are drawn at the size of the largest of `t`'s finite values, `scale` (the
-    size of the op's output, so a change is not lost next to a large operand) and 1,
-    kept finite in `t`'s dtype; integers stay inside the dtype's range.
-    """
-    if t.numel() == 0:
-        return None
-    cpu = t.detach().cpu()
-    if t.dtype == torch.bool:
-        new = torch.randint(0, 2, t.shape, generator=generator).bool()
-    elif t.is_floating_point() or t.is_complex():
-        size = max(largest_finite(cpu), scale, 1.0)
-        if not t.is_complex():
-            size = min(size, torch.finfo(t.dtype).max / 8)  # randn reaches ~6 sigma
-        new = torch.randn(t.shape, generator=generator, dtype=torch.float64) * size
-        new = new.to(t.dtype) if not t.is_complex() else (new + 1j * new.flip(-1)).to(t.dtype)
-    else:
-        info = torch.iinfo(t.dtype)
-        low, high = min(int(cpu.min()), 0), max(int(cpu.max()), 1)
-        # randint draws int64 below its exclusive upper bound: stay inside both ranges.
-        high = min(high + 1, info.max, torch.iinfo(torch.int64).max)
-        new = torch.randint(max(low, info.min), high, t.shape, generator=generator).to(t.dtype)
-    if torch.equal(new, cpu):
-        return None
-    return new.to(t.device)
-
-
-def largest_finite(t: torch.Tensor) -> float:
-    """The largest absolute finite value in `t` (0.0 for none or a non-float tensor)."""
-    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
-        return 0.0
-    size = t.detach().abs()
-    finite = size[torch.isfinite(size)]
-    return float(finite.max()) if finite.numel() else 0.0
 
 
 def is_continuous(t: torch.Tensor) -> bool:

@@ -12,8 +12,8 @@ from torch import nn
 
 import torchlog
 from tests.models import Func
-from torchlog.replay import ReplayReport, validate_saved_activations
-from torchlog.replay.rerun import perturbed
+from torchlog.validation import ReplayReport, validate_saved_activations
+from torchlog.validation.perturbation import perturbed
 
 
 class ZeroWeight(nn.Module):
@@ -155,8 +155,8 @@ def test_verbose_lists_problems_and_inconclusive_edges(capsys: pytest.CaptureFix
                                         save_function_args=True, detach_saved_tensors=True)
     target = history["add_1_2"]
     target.saved = target.saved + 1
-    report = torchlog.replay.find_replay_problems(history)
-    torchlog.replay.report.print_report(report)
+    report = torchlog.validation.find_replay_problems(history)
+    torchlog.validation.report.print_report(report)
     out = capsys.readouterr().out
     assert "add_1_2: replay check failed" in out
     assert "linear_1_1: inconclusive perturb check: parent 'input_1_0'" in out
