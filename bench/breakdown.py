@@ -108,6 +108,8 @@ class _NullMode(torch.overrides.TorchFunctionMode):
 class _NullRecorder:
     """What module_boundaries needs of a recorder, doing nothing at each module call."""
 
+    acting_inputs = False  # no plan: module inputs reach forward as they are
+
     def __init__(self, model: Any) -> None:
         self.named_modules = list(model.named_modules())
         self.module_addresses = {id(m): a for a, m in self.named_modules if a}
