@@ -17,6 +17,7 @@ from torchlog.assemble import assemble
 from torchlog.capture import CapturedPass, CaptureOptions, Failure, module_table, run_captured, site_text
 from torchlog.collector import collector_paused
 from torchlog.errors import (
+    InvalidOptionError,
     CompiledModelWarning,
     InterventionError,
     closest_matches,
@@ -32,6 +33,7 @@ from torchlog.options import LogOptions, merge_options
 from torchlog.records import FailedArg, FailedOp
 from torchlog.seeding import seeded
 from torchlog.sites.planner import Planner, reached
+from torchlog.served import can_serve, metadata_of, served_history
 from torchlog.sites.probes import PROBES, signature
 from torchlog.sites.resolve import resolve
 
@@ -121,9 +123,17 @@ def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistor
         return _run(request, request.capture, started, prune=False, gradient_sink=gradient_sink)
     # One pass where everything named can be decided while it runs (guesses are checked
     # on the finished history); a sink streams what it is given, so it gets no guesses.
-    # A kept probe for this input signature makes guessing needless: the exact plan runs once.
-    kept = planner.guesses and PROBES.get(request.model, signature(
-        request.model, request.named_modules, request.args, request.kwargs)) is not None
+    # A kept probe for this input signature makes guessing needless: the exact plan runs once,
+    # and a plain list of values is served by the lean capture (served.py).
+    key = signature(request.model, request.named_modules, request.args, request.kwargs)
+    probe = PROBES.get(request.model, key) if planner.guesses else None
+    kept = probe is not None
+    if kept and gradient_sink is None and can_serve(request):
+        history = served_history(request, probe, started)
+        if history is not None:
+            return history
+        PROBES.drop(key)  # the model no longer runs the kept probe's ops: a pass of its own
+        kept = False
     if not planner.needs_probe and not kept and (request.capture.sink is None or not planner.guesses):
         capture = replace(request.capture, plan=planner.first_plan(),
                           save_all=request.capture.save_all or planner.save_everything,
@@ -143,10 +153,15 @@ def _probed(request: Request, planner: Planner, started: float, gradient_sink: C
     nothing = replace(request.capture, save_all=False, save_indices=frozenset())
     for attempt in range(2):
         probe, kept = probe_for(request, started, fresh=attempt > 0)
-        plan = planner.plan(probe)
         entries = planner.entries
-        chosen = None if entries is None else (reached(probe, entries) if probe.is_partial
-                                               else resolve(probe, entries))
+        try:
+            plan = planner.plan(probe)
+            chosen = None if entries is None else (reached(probe, entries) if probe.is_partial
+                                                   else resolve(probe, entries))
+        except (InterventionError, InvalidOptionError):
+            if not kept:
+                raise
+            continue  # a kept probe the model no longer matches names nothing here: probe again
         capture = replace(request.capture, plan=plan) if entries is None else \
             replace(nothing, save_indices=frozenset(chosen), plan=plan)
         try:
@@ -372,6 +387,10 @@ def _build(request: Request, captured: CapturedPass, started: float, prune: bool
         kept = choose(history)
         if kept is None:
             raise _GuessMissed()
+        if captured.failure is None and captured.stopped_at is None and can_serve(request):
+            # The whole pass's metadata, kept for the next call with these input shapes.
+            PROBES.put(request.model, signature(request.model, request.named_modules, request.args,
+                                                request.kwargs), metadata_of(history))
         for record in built.passes:
             if record.op_index not in kept:
                 record.saved = None  # saved because a rule could not tell it apart: not chosen
