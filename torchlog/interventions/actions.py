@@ -230,6 +230,18 @@ class _PatchFrom(Action):
             return new
         return source.clone()
 
+    def _module_output(self, firing: Firing) -> str:
+        """The label of the same tensor of the same module call in the other run (the
+        output a module site acts on: its first, or `output=k`)."""
+        (address, call), index = firing.module_call, (firing.module_output or (0, 1))[0]
+        module = self.history.modules.get(address)
+        calls = module.call_outputs if module is not None else ()
+        if call > len(calls) or index >= len(calls[call - 1]):
+            raise InterventionError(
+                f"patch_from: the other run has no output {index} of {address}:{call} (its model "
+                f"called {address!r} {len(calls)} time(s)); log both runs with the same ops")
+        return calls[call - 1][index]
+
     def _source(self, firing: Firing) -> torch.Tensor:
         """The same site's saved value in the other run, on this value's device."""
         from torchlog.history import all_passes
@@ -237,15 +249,16 @@ class _PatchFrom(Action):
         other = self.history
         if firing.label is not None:
             key = firing.label
-        elif firing.module_call is not None:
-            key = f"{firing.module_call[0]}:{firing.module_call[1]}"
-        else:
+        elif firing.module_call is not None and firing.module_input is None:
+            key = self._module_output(firing)
+        else:  # an op site, or a module input: the value of the pass that made it
             passes = all_passes(other)
-            if firing.op_index >= len(passes) or passes[firing.op_index].func_name != firing.func_name:
+            if not 0 <= firing.op_index < len(passes) or passes[firing.op_index].func_name != firing.func_name:
                 raise InterventionError(
                     f"patch_from: the other run has no op {firing.func_name!r} at position "
                     f"{firing.op_index}, so there is no same site to copy from; name the site by "
-                    "label or module address, or log both runs with the same ops")
+                    "label or module address, or log both runs with the same ops (torchlog.run numbers "
+                    "no passes: patch a module input through log_forward_pass)")
             key = passes[firing.op_index].label
         if key not in other:
             raise InterventionError(

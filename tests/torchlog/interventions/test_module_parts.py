@@ -10,7 +10,7 @@ from torch import nn
 import torchlog
 from torchlog import select
 from torchlog.errors import InterventionError
-from torchlog.interventions import add, scale, zero_ablate
+from torchlog.interventions import add, patch_from, scale, zero_ablate
 from torchlog.replay import replay
 
 
@@ -207,3 +207,29 @@ def test_a_gpt2_block_input_equals_a_pre_hook_on_the_block() -> None:
     history = torchlog.log_forward_pass(model, ids, intervene=site)
     torch.testing.assert_close(history[-1].tensor_contents, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torchlog.run(model, ids, intervene=site).output.logits, want, rtol=1e-5, atol=1e-5)
+
+
+class PairThenBlock(nn.Module):
+    """A module returning two tensors, then a block reading their sum: every kind of module site."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair, self.block = Pair(), nn.Linear(3, 3)
+
+    def forward(self, x):
+        a, b = self.pair(x)
+        return self.block(a + 10 * b) + x
+
+
+def test_patch_from_copies_the_same_output_or_input_of_the_other_run() -> None:
+    """patch_from at output 1 copies the other run's output 1 (not output 0), and at a module
+    input the value the module received there: each against a hook doing the same."""
+    torch.manual_seed(0)
+    model, clean, corrupted = PairThenBlock(), torch.ones(1, 3), torch.full((1, 3), 5.0)
+    source = torchlog.log_forward_pass(model, clean)
+    want = _hooked(model, model.pair, lambda out: (out[0], 3 * clean), corrupted)
+    got = torchlog.log_forward_pass(model, corrupted, intervene={select.module("pair", output=1): patch_from(source)})
+    assert torch.equal(got[-1].tensor_contents, want)
+    want = _pre_hooked(model, model.block, lambda v: 2 * clean + 30 * clean, corrupted)
+    got = torchlog.log_forward_pass(model, corrupted, intervene={select.module_input("block"): patch_from(source)})
+    torch.testing.assert_close(got[-1].tensor_contents, want)
