@@ -21,11 +21,7 @@ tokens are checked equal first.
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib.util
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,19 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 import torchlog  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
+from round_robin import bench_models, measure  # noqa: E402
 from provenance import cpu_model, provenance  # noqa: E402
 from torchlog.interventions import add  # noqa: E402
 
 NEW_TOKENS = 16
 SITE = "transformer.h.2"
-
-
-def _bench_models() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_models", ROOT / "bench" / "models.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_models"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _hooked(model: torch.nn.Module, prompt: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
@@ -76,34 +65,20 @@ def _variants(model: torch.nn.Module, prompt: torch.Tensor, vector: torch.Tensor
     }
 
 
-def _measure(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for run in variants.values():  # warm-up
-        run()
-    for _ in range(rounds):
-        for name, run in variants.items():
-            gc.collect()
-            start = time.process_time()
-            result = run()
-            times[name].append(time.process_time() - start)
-            del result
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = _bench_models().gpt2_small()
+    model = bench_models().gpt2_small()
     torch.manual_seed(0)
     prompt = torch.randint(0, 999, (1, 32))
     vector = torch.randn(model.config.n_embd)
     tokens = {name: run() for name, run in _variants(model, prompt, vector).items()}
     sequences = [t if isinstance(t, torch.Tensor) else t.sequences for t in tokens.values()]
     assert all(torch.equal(s, sequences[0]) for s in sequences), "a variant generated other tokens"
-    medians = _measure(_variants(model, prompt, vector), args.rounds)
+    medians = measure(_variants(model, prompt, vector), args.rounds)
     base = medians["hooked generate"]
     lines = [f"generation_bench: torchlog {provenance()['commit']}, {cpu_model()}, {torch.get_num_threads()} "
              f"thread, {args.rounds} rounds, median process CPU time; GPT-2 (6 layers), prompt 32, "

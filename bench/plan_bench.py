@@ -18,11 +18,7 @@ round-robin (one of each per round, after an untimed warm-up round; median proce
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib.util
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,32 +29,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torchlog  # noqa: E402
+from round_robin import bench_models, measure  # noqa: E402
 from provenance import cpu_model, provenance, provenance_line  # noqa: E402
 from torchlog import select  # noqa: E402
 from torchlog.interventions import scale  # noqa: E402
 from torchlog.sites.probes import PROBES  # noqa: E402
-
-
-def _bench_models() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_models", ROOT / "bench" / "models.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_models"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _measure(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for run in variants.values():  # warm-up (also keeps any probe a variant needs)
-        run()
-    for _ in range(rounds):
-        for name, run in variants.items():
-            gc.collect()
-            start = time.process_time()
-            result = run()
-            times[name].append(time.process_time() - start)
-            del result
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _hooked(model: torch.nn.Module, module: torch.nn.Module, x: Any) -> Callable[[], Any]:
@@ -87,7 +62,7 @@ def _gpt2_rows(model: torch.nn.Module, x: torch.Tensor, rounds: int) -> list[str
         f"torchlog.run, label site {label!r}": lambda: torchlog.run(model, x, intervene={label: scale(1.0)}),
         "plain forward": lambda: model(x),
     }
-    m = _measure(variants, rounds)
+    m = measure(variants, rounds)
     names = list(variants)
     return [
         f"  {names[1]:<52} x{m[names[1]] / m[names[0]]:.3f} of saving every layer (bar <= 0.8)",
@@ -108,7 +83,7 @@ def _recurrent_rows(model: torch.nn.Module, x: torch.Tensor, rounds: int) -> lis
         f"torchlog.run, label site {label!r}": lambda: torchlog.run(model, x, intervene={label: scale(1.0)}),
         "log_forward_pass, module site 'fc'": lambda: torchlog.log_forward_pass(model, x, intervene={"fc": scale(1.0)}),
     }
-    m = _measure(variants, rounds)
+    m = measure(variants, rounds)
     base = m["plain forward, one hook"]
     return [f"  {name:<52} x{value / base:.3f} of a plain forward with one hook ({value * 1e3:.2f} ms)"
             for name, value in m.items() if name != "plain forward, one hook"]
@@ -150,7 +125,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    models = _bench_models()
+    models = bench_models()
     torch.manual_seed(0)
     gpt2, ids = models.gpt2_small().eval(), torch.randint(0, 1000, (1, 64))
     recurrent, series = models.SimpleRecurrent().eval(), torch.rand(2, 5)

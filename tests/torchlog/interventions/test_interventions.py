@@ -540,19 +540,20 @@ def test_a_selector_combined_with_a_plain_value_is_refused() -> None:
         select.func(3)
 
 
+class ChangesItsMind(nn.Module):
+    """Its first call runs relu, later ones sigmoid first: a probe and a later pass differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        x = torch.relu(x) if self.calls == 1 else torch.sigmoid(x)
+        return x * 2
+
+
 def test_labels_found_in_a_pass_that_ran_other_ops_are_refused_not_applied_to_the_wrong_op() -> None:
-    class ChangesItsMind(nn.Module):
-        """Its first call runs relu, later ones sigmoid first: the probe and the pass differ."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls = 0
-
-        def forward(self, x):
-            self.calls += 1
-            x = torch.relu(x) if self.calls == 1 else torch.sigmoid(x)
-            return x * 2
-
     # A substring is resolved on a probe (the first call), and the pass (the second) differs.
     with pytest.raises(InterventionError, match=r"op 1 is 'sigmoid' where that pass had 'relu'"):
         torchlog.log_forward_pass(ChangesItsMind(), torch.ones(3), intervene={"mul": zero_ablate()})
@@ -561,16 +562,6 @@ def test_labels_found_in_a_pass_that_ran_other_ops_are_refused_not_applied_to_th
 def test_a_full_label_outside_loops_acts_in_the_one_pass_it_runs() -> None:
     """A label whose last number is its node's index (no loop before it) is acted on as the
     pass runs, with no probe: the same model as above runs once and its label acts."""
-    class ChangesItsMind(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls = 0
-
-        def forward(self, x):
-            self.calls += 1
-            x = torch.relu(x) if self.calls == 1 else torch.sigmoid(x)
-            return x * 2
-
     model = ChangesItsMind()
     history = torchlog.log_forward_pass(model, torch.ones(3), intervene={"mul_1_2": zero_ablate()})
     assert model.calls == 1 and [r.label for r in history.interventions] == ["mul_1_2"]
