@@ -47,9 +47,10 @@ class Comparison:
         return found
 
     def to_html(self, path: str, depth: int | None = None) -> str:
-        """Write the interactive viewer of run a with op nodes coloured by the relative L2
-        difference of each pass from run b (a legend names the scale), focused on the first
-        divergence. Returns the path.
+        """Write the interactive viewer of run a with op nodes coloured by how far each pass
+        is from run b next to its row's tolerance (log10 of max |a - b| / (atol + rtol max |a|);
+        0, the scale's neutral start, for every `match` row; see
+        torchlog.comparison.page.over_tolerance), focused on the first divergence. Returns the path.
 
         A pass with nothing to compare is marked by why: 'only in a', 'not saved', 'not
         comparable', 'shape mismatch', or 'no finite rel. L2' (NaN or Inf at different
@@ -62,16 +63,16 @@ class Comparison:
         Raises:
             LogFileNotFoundError: the folder of `path` does not exist.
         """
-        from torchlog.comparison.page import page_parts
+        from torchlog.comparison.page import LEGEND, page_parts
         from torchlog.vis.viewer import Annotations, to_html  # lazily: the viewer sits beside comparison
 
         parts = page_parts(self)
         first = self.first_divergence
         focus = first.label_a if first is not None and first.label_a in self.a else None
         notes = Annotations(marks=parts.marks, sections=parts.sections, notes=parts.notes,
-                            value_title="run a")
+                            value_title="run a", histograms=parts.histograms)
         return to_html(self.a, path, depth=depth, focus=focus, colour_by=parts.values,
-                       colour_legend="relative L2 difference, ||a - b|| / ||a||", annotations=notes)
+                       colour_legend=LEGEND, annotations=notes)
 
     @property
     def has_local_errors(self) -> bool:

@@ -5,11 +5,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
+from torchlog.interventions.actions import Action
 from torchlog.statistics import TensorStats, summarize
 
 __all__ = ["InterventionRecord", "intervention_records", "part_of"]
 
 _SUMMARY = ("numel", "num_nan", "num_inf", "zeros", "min", "max", "mean", "std")
+PLANE_SIDE = 32  # cells a side at most of the acted-on slice a record keeps
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +28,8 @@ class InterventionRecord:
     op_index: int  # the pass's position among every pass of the run
     number: int = 0  # the (site, action) pair's position in `intervene`
     # The value before the action, summarised as torchlog.statistics does (numel, num_nan,
-    # num_inf, zeros, min, max, mean, std); None when not known (a log from an older torchlog).
+    # num_inf, zeros, min, max, mean, std, the histogram's counts) with the slice it acted on
+    # (`slice`, `plane`: see _summary); None when not known (a log from an older torchlog).
     before: dict[str, Any] | None = None
     # For a module site, which tensor of the call it acted on: 'output 0 of 3' (a module's
     # output), 'input 1 of 2' (select.module_input); None for op sites.
@@ -51,7 +57,7 @@ def intervention_records(firings: tuple, passes: list) -> tuple[InterventionReco
     for fired in firings:
         record = passes[fired.firing.op_index]
         # One at a time: a value's summary then does not depend on what else fired.
-        before = None if fired.before is None else _summary(summarize(fired.before))
+        before = None if fired.before is None else _summary(fired.before, fired.action)
         found = InterventionRecord(fired.firing.site, record.label, fired.action,
                                    float(fired.max_abs_change), record.op_index, fired.number, before,
                                    part_of(fired.firing))
@@ -72,6 +78,52 @@ def part_of(firing: Any) -> str | None:
     return None
 
 
-def _summary(stats: TensorStats) -> dict[str, Any]:
-    """The statistics a record keeps of a value, JSON-ready (no histogram)."""
-    return {name: getattr(stats, name) for name in _SUMMARY}
+def _summary(value: Any, action: Any) -> dict[str, Any]:
+    """The statistics a record keeps of a value, JSON-ready: those of torchlog.statistics,
+    its histogram's `counts` (NUM_BINS bins from min to max), and for a value of two or
+    more dimensions the first 2-D slice (the last two dimensions) the action acted on: its
+    index on the leading dimensions (`slice`; zeros for an action on the whole value) and
+    its means over at most PLANE_SIDE x PLANE_SIDE cells (`plane`: rows, cols and the means
+    row by row, None for a cell of NaN, Inf or mask fills only)."""
+    stats: TensorStats = summarize(value)
+    found = {name: getattr(stats, name) for name in _SUMMARY}
+    # Tuples, as a log file reads them back: a loaded record equals the one logged.
+    found["counts"] = tuple(stats.counts) if stats.counts else None
+    if isinstance(value, torch.Tensor) and value.dim() >= 2:
+        lead = _acted_slice(value.shape, action.index if isinstance(action, Action) else None)
+        found["slice"], found["plane"] = lead, _plane_means(value.detach()[tuple(lead)])
+    return found
+
+
+def _acted_slice(shape: torch.Size, index: Any) -> tuple[int, ...]:
+    """The leading indices of the first 2-D slice an action's `index` reaches (zeros for none)."""
+    lead = shape[:-2]
+    if index is None or not lead:
+        return (0,) * len(lead)
+    # Each entry's slice number, as a view that holds one number per slice: an int or slice
+    # index picks a view of it (no copy), a tensor index a copy the size of what the action saw.
+    numbers = torch.arange(math.prod(lead)).reshape(*lead, 1, 1).expand(shape)
+    moved = index.cpu() if isinstance(index, torch.Tensor) else \
+        tuple(i.cpu() if isinstance(i, torch.Tensor) else i for i in index) if isinstance(index, tuple) else index
+    reached = numbers[moved]  # the action indexed this value already: the index fits it
+    if reached.numel() == 0:
+        return (0,) * len(lead)
+    return tuple(int(i) for i in torch.unravel_index(reached.min(), lead))
+
+
+def _plane_means(plane: torch.Tensor) -> dict[str, Any]:
+    """Means of a 2-D slice over at most PLANE_SIDE cells a side, NaN, Inf and mask fills
+    (finfo.min and finfo.max) left out; four significant digits."""
+    plane = plane.to("cpu")
+    plane = plane.abs() if plane.is_complex() else plane
+    kept = torch.isfinite(plane)
+    if plane.dtype.is_floating_point:
+        info = torch.finfo(plane.dtype)
+        kept &= (plane != info.min) & (plane != info.max)
+    plane = plane.to(torch.float64)
+    size = (min(plane.shape[0], PLANE_SIDE), min(plane.shape[1], PLANE_SIDE))
+    sums = F.adaptive_avg_pool2d(torch.where(kept, plane, 0.0)[None, None], size)[0, 0]
+    shares = F.adaptive_avg_pool2d(kept.to(torch.float64)[None, None], size)[0, 0]
+    means = tuple(float(f"{m:.4g}") if c > 0 else None for m, c in
+                  zip((sums / shares.clamp(min=1e-300)).reshape(-1).tolist(), shares.reshape(-1).tolist()))
+    return {"rows": size[0], "cols": size[1], "means": means}

@@ -58,18 +58,49 @@ class PatchResult:
 
     def to_html(self, path: str, depth: int | None = None) -> str:
         """Write the interactive viewer of the clean run with op nodes coloured by effect
-        (per pass, the largest |effect| over its positions; a legend names the scale) and
-        the page focused on the pass of largest effect. Returns the path written.
+        (per pass, the largest |effect| over its positions, on a scale from 0, symmetric
+        where effects have both signs) and the page focused on the pass of largest effect.
+        A patched pass's panel shows the clean and corrupted runs' metrics, its effect and
+        metric (per position, as bars), and the grid of every patched pass's effects by
+        position (a row per pass, in the order patched). Returns the path written.
 
         Raises:
             LogFileNotFoundError: the folder of `path` does not exist.
         """
-        from torchlog.vis.viewer import to_html  # lazily: the viewer sits above patching
+        from torchlog.vis.viewer import Annotations, Grid, to_html  # lazily: the viewer sits above patching
 
         values = {label: effect for label, effect in self.effects().items() if math.isfinite(effect)}
         focus = max(values, key=lambda label: abs(values[label])) if values else None
+        by_label: dict[str, list[PatchRow]] = {}
+        for row in self.rows:
+            by_label.setdefault(row.label, []).append(row)
+        sections, bars = {}, {}
+        for label, rows in by_label.items():
+            sections[label], bars[label] = self._panel(rows)
+        positions = sorted({row.position for row in self.rows if row.position is not None})
+        columns = [str(p) for p in positions] or ["whole value"]
+        cells = [[_finite(next((r.effect for r in reversed(rows) if r.position == column), None))
+                  for column in (positions or [None])] for rows in by_label.values()]
+        notes = Annotations(sections=sections, bars={k: v for k, v in bars.items() if v},
+                            grid=Grid(f"{self.method} effect by position", list(by_label), columns, cells))
         return to_html(self._history, path, depth=depth, focus=focus, colour_by=values,
-                       colour_legend=f"{self.method} effect (0 corrupted, 1 clean)")
+                       colour_legend=f"{self.method} effect (0 corrupted, 1 clean)", annotations=notes)
+
+    def _panel(self, rows: list[PatchRow]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One patched pass's panel table (the runs' metrics, its own where it has no
+        positions) and bar charts (effect and metric by position)."""
+        table: dict[str, Any] = {"clean run's metric": self.clean_metric,
+                                 "corrupted run's metric": self.corrupted_metric}
+        whole = [row for row in rows if row.position is None]
+        if whole:
+            table.update({"effect": whole[-1].effect, "patched run's metric": whole[-1].metric})
+        placed = sorted((row for row in rows if row.position is not None), key=lambda row: row.position)
+        bars = {}
+        for title, field in (("effect by position", "effect"), ("patched run's metric by position", "metric")):
+            found = {str(row.position): getattr(row, field) for row in placed if math.isfinite(getattr(row, field))}
+            if found:
+                bars[title] = found
+        return {f"patching ({self.method})": table}, bars
 
     def to_pandas(self) -> Any:
         """A DataFrame with one row per patched run: site, label, module, position, metric, effect.
@@ -95,3 +126,7 @@ class PatchResult:
             lines.append(f"    {row.label}{where} ({row.module or 'top level'}): effect {row.effect:+.3f}, "
                          f"metric {row.metric:.4g}")
         return "\n".join(lines)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

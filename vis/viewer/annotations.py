@@ -20,10 +20,28 @@ from torchlog.vis.viewer.colour import pass_labels
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
-__all__ = ["MAX_MARKS", "Annotations", "annotation_data"]
+__all__ = ["MAX_MARKS", "Annotations", "Grid", "annotation_data"]
 
 # Each mark name gets a fill of its own and a dashed outline; the page has this many fills.
 MAX_MARKS = 6
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A table of numbers the page draws as coloured cells (a layer x position grid of
+    patching effects, say): one row per pass, a click on a cell selects its pass.
+
+    Example:
+        >>> grid = Grid('effect', rows=['add_1_2', 'add_2_4'], columns=['0', '1'],
+        ...             values=[[0.0, 0.9], [0.1, None]])
+        >>> grid.values[1][1] is None
+        True
+    """
+
+    title: str  # what the numbers are (the grid's heading and scale)
+    rows: Sequence[str]  # a pass label per row (what a click on the row's cells selects)
+    columns: Sequence[str]  # a name per column (a position)
+    values: Sequence[Sequence[float | None]]  # rows x columns; None: no number there
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,13 @@ class Annotations:
     sections: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     notes: Sequence[str] = ()  # lines the legend shows below the marks
     value_title: str | None = None  # heading of the saved value's statistics ('Activation')
+    # label -> chart title -> entry name -> real number: bar charts (a row per entry, its bar
+    # from 0) the panel shows below the sections ('effect by position': {'0': 0.1, ...}).
+    bars: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    grid: Grid | None = None  # drawn in the panel of each of its rows' passes
+    # label -> section title -> (lo, hi, counts): a histogram (equal bins from lo to hi) the
+    # panel draws under the section of that title (run b's value, a difference).
+    histograms: Mapping[str, Mapping[str, tuple[float, float, Sequence[int]]]] = field(default_factory=dict)
 
 
 def annotation_data(history: "ModelHistory", annotations: Annotations | None,
@@ -92,6 +117,15 @@ def annotation_data(history: "ModelHistory", annotations: Annotations | None,
     sections = _sections(history, annotations.sections)
     if sections["passes"]:
         data["sections"] = sections
+    bars = _sections(history, annotations.bars, "bars")
+    if bars["passes"]:
+        _check_bars(bars)
+        data["bars"] = bars
+    if annotations.grid is not None:
+        data["grid"] = _grid(history, annotations.grid)
+    histograms = _histograms(history, annotations.histograms)
+    if histograms:
+        data["histograms"] = histograms
     title = annotations.value_title
     if title is not None:
         if not isinstance(title, str):
@@ -150,19 +184,19 @@ def _notes(given: Any) -> list[str]:
     return list(given)
 
 
-def _sections(history: "ModelHistory", given: Any) -> dict[str, Any]:
+def _sections(history: "ModelHistory", given: Any, what: str = "sections") -> dict[str, Any]:
     layouts: dict[tuple[str, tuple[str, ...]], int] = {}
     passes: dict[str, list[list[Any]]] = {}
     example = "{'linear_1_1': {'run b': {'max': 0.5}}}"
-    for key, titled in _mapping(given, "Annotations.sections", example).items():
-        labels = _passes(history, key, "sections")
+    for key, titled in _mapping(given, f"Annotations.{what}", example).items():
+        labels = _passes(history, key, what)
         entries = []
-        for title, table in _mapping(titled, f"Annotations.sections[{key!r}]", example).items():
-            where = f"Annotations.sections[{key!r}][{title!r}]"
+        for title, table in _mapping(titled, f"Annotations.{what}[{key!r}]", example).items():
+            where = f"Annotations.{what}[{key!r}][{title!r}]"
             if not isinstance(title, str):
                 raise InvalidArgumentTypeError(
-                    f"section titles are str, got {title!r} of type {type(title).__name__} in "
-                    f"Annotations.sections[{key!r}]")
+                    f"{what} titles are str, got {title!r} of type {type(title).__name__} in "
+                    f"Annotations.{what}[{key!r}]")
             table = _mapping(table, where, "{'max': 0.5, 'dtype': 'bfloat16'}")
             for name in table:
                 if not isinstance(name, str):
@@ -192,3 +226,73 @@ def _value(value: Any, where: str) -> str | float | int:
     if not math.isfinite(number):
         return "Inf" if number > 0 else "-Inf"
     return float(f"{number:.7g}")  # the panel shows five digits; seven keep the page small
+
+
+def _check_bars(bars: dict[str, Any]) -> None:
+    """A bar stands for a finite number."""
+    for label, entries in bars["passes"].items():
+        for layout, values in entries:
+            title, names = bars["layouts"][layout]
+            for name, value in zip(names, values):
+                if isinstance(value, str):
+                    raise InvalidArgumentTypeError(
+                        f"Annotations.bars[{label!r}][{title!r}][{name!r}] is {value!r}; a bar is a "
+                        "finite real number (leave the entry out, or put text in sections)")
+
+
+def _grid(history: "ModelHistory", grid: Any) -> dict[str, Any]:
+    """The page's form of a Grid: its rows checked against the history, its values JSON-ready."""
+    if not isinstance(grid, Grid):
+        raise InvalidArgumentTypeError(
+            f"Annotations.grid must be a torchlog.vis.viewer.Grid, got {type(grid).__name__}: {grid!r:.80}")
+    if not isinstance(grid.title, str):
+        raise InvalidArgumentTypeError(f"Grid.title must be a str, got {grid.title!r}")
+    rows = [pass_labels(history, _label(row))[0] for row in grid.rows]
+    columns = [_label(column, "Grid.columns") for column in grid.columns]
+    if len(grid.values) != len(rows):
+        raise InvalidOptionError(f"Grid.values has {len(grid.values)} rows for {len(rows)} Grid.rows; "
+                                 "give one list of values per row")
+    values = []
+    for row, found in zip(rows, grid.values):
+        if len(found) != len(columns):
+            raise InvalidOptionError(f"Grid.values of row {row!r} has {len(found)} values for "
+                                     f"{len(columns)} columns; use None where a cell has no number")
+        values.append([None if value is None else _number(value, f"Grid.values of row {row!r}")
+                       for value in found])
+    return {"title": grid.title, "rows": rows, "columns": columns, "values": values}
+
+
+def _label(value: Any, what: str = "Grid.rows") -> str:
+    if not isinstance(value, str):
+        raise InvalidArgumentTypeError(f"{what} holds {value!r} of type {type(value).__name__}; give str")
+    return value
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InvalidArgumentTypeError(f"{where} holds {value!r:.80} of type {type(value).__name__}; "
+                                       "a cell is a real number or None")
+    if not math.isfinite(value):
+        raise InvalidOptionError(f"{where} holds {value!r}; a cell is a finite number or None")
+    return float(f"{float(value):.7g}")
+
+
+def _histograms(history: "ModelHistory", given: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """The page's form of Annotations.histograms: {pass label: {title: {lo, hi, counts}}}."""
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for key, titled in _mapping(given, "Annotations.histograms", "{'relu_1_2': {'run b': (0.0, 1.0, [3, 5])}}").items():
+        labels = _passes(history, key, "histograms")
+        tables = {}
+        for title, histogram in _mapping(titled, f"Annotations.histograms[{key!r}]", "{'run b': (0.0, 1.0, [3, 5])}").items():
+            where = f"Annotations.histograms[{key!r}][{title!r}]"
+            if not isinstance(histogram, (tuple, list)) or len(histogram) != 3:
+                raise InvalidArgumentTypeError(f"{where} must be (lo, hi, counts), got {histogram!r:.80}")
+            lo, hi = (_number(v, where) for v in histogram[:2])
+            counts = histogram[2]
+            if lo > hi or not counts or not all(isinstance(c, Integral) and c >= 0 for c in counts):
+                raise InvalidOptionError(f"{where} must have lo <= hi and counts of entries per bin (ints >= 0), "
+                                         f"got lo {lo!r}, hi {hi!r}, counts {list(counts)!r:.80}")
+            tables[str(title)] = {"lo": lo, "hi": hi, "counts": [int(c) for c in counts]}
+        for label in labels:
+            found[label] = tables
+    return found

@@ -27,7 +27,7 @@ from torchlog.vis.text import (
     shape_text,
 )
 from torchlog.vis.viewer.failure import failure_entry
-from torchlog.vis.viewer.heatmap import heatmaps
+from torchlog.vis.viewer.heatmap import acted_heatmap, heatmaps
 from torchlog.vis.viewer.outputs import call_lines, call_outputs
 from torchlog.vis.viewer.plumbing import PlumbingScope, plumbing_scopes
 from torchlog.vis.viewer.sites import site_entry
@@ -59,6 +59,8 @@ def page_data(history: "ModelHistory", mode: str, depth: int | None,
     scopes, plumbing = scope_table(history)
     passes = [_pass_entry(r, stats.get(r.label), scopes[r.label]) for r in history]
     _join_outputs(history, passes, layers)
+    if with_stats:
+        _acted(history, passes)
     return {
         "version": FORMAT_VERSION,
         "model": history.model_name,
@@ -89,6 +91,18 @@ def _join_outputs(history: "ModelHistory", passes: list[dict[str, Any]],
             entries[first]["layerCallLines"] = call_lines(records, list(layer.passes))
         for label in labels[1:]:
             entries[label]["callOf"] = first
+
+
+def _acted(history: "ModelHistory", passes: list[dict[str, Any]]) -> None:
+    """Give each saved intervened pass the slice its first action acted on, before and after
+    (`acted`: see heatmap.acted_heatmap)."""
+    for record, entry in zip(history, passes):
+        marks = record.extra.get("interventions", ())
+        before = marks[0].get("before") if marks else None
+        if before and record.saved is not None:
+            acted = acted_heatmap(record.tensor_contents, before)
+            if acted is not None:
+                entry["acted"] = acted
 
 
 def _dot_styles() -> dict[str, Any]:
@@ -157,8 +171,10 @@ def _pass_entry(record: PassRecord, stats: dict[str, Any] | None,
         "interventions": [f"{mark['action']} at site {mark['site']!r}, max |change| "
                           f"{'nan' if mark['max_abs_change'] is None else format(mark['max_abs_change'], '.4g')}"
                           for mark in record.extra.get("interventions", ())],
-        # the value before the first action at this pass: the panel sets it beside the saved one
-        "before": next(iter(record.extra.get("interventions", ())), {}).get("before"),
+        # the value before the first action at this pass: the panel sets it beside the saved
+        # one (the acted-on slice's cell means go to `acted`, see _acted)
+        "before": {key: value for key, value in (next(iter(record.extra.get("interventions", ())), {})
+                                                 .get("before") or {}).items() if key != "plane"},
     }
     entry.update((key, value) for key, value in optional.items() if value)
     if record.has_grad:

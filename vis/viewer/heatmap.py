@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["HEAT_SIDE", "MAX_SLICES", "MIN_SIDE", "heatmap", "heatmaps"]
+__all__ = ["HEAT_SIDE", "MAX_SLICES", "MIN_SIDE", "acted_heatmap", "heatmap", "heatmaps"]
 
 HEAT_SIDE = 32  # cells a side at most; larger slices are averaged down
 MIN_SIDE = 8  # both of the last two dimensions at least this, or no picture
@@ -55,8 +56,49 @@ def heatmap(value: Any) -> dict[str, Any] | None:
     return heat
 
 
+def acted_heatmap(value: Any, before: dict[str, Any]) -> dict[str, Any] | None:
+    """The 2-D slice an intervention acted on, before and after it, on one scale: `before`
+    is an intervention record's summary of the value before the action (its `slice`, the
+    leading indices of the slice, and `plane`, the slice's cell means), `value` the pass's
+    saved value after it. Returns {'slice', 'shape', 'before', 'after'} (pictures as
+    `heatmap` makes them, sharing lo and hi), or None when `heatmap` would draw no picture
+    of `value`, the summary has no slice, or no cell of either holds a finite mean.
+
+    Example:
+        >>> after = torch.zeros(2, 8, 8)
+        >>> h = acted_heatmap(after, {"slice": [1], "plane": {"rows": 8, "cols": 8, "means": [1.0] * 64}})
+        >>> h["slice"], h["before"]["lo"], h["after"]["hi"]
+        ('[1, :, :]', 0.0, 1.0)
+    """
+    lead, plane = before.get("slice"), before.get("plane")
+    if lead is None or plane is None or not isinstance(value, torch.Tensor) or value.dim() < 2 \
+            or min(value.shape[-2:]) < MIN_SIDE or len(lead) != value.dim() - 2:
+        return None
+    after = _cells(value.detach()[tuple(lead)])
+    if (plane["rows"], plane["cols"]) != tuple(after.shape):
+        return None
+    means = torch.tensor([math.nan if m is None else m for m in plane["means"]], dtype=torch.float64)
+    pair = (means.reshape(after.shape), after)
+    known = torch.cat([cells[torch.isfinite(cells)] for cells in pair])
+    if not len(known):
+        return None
+    lo, hi = float(known.min()), float(known.max())
+    return {"slice": f"[{', '.join([*map(str, lead), ':', ':'])}]", "shape": list(value.shape),
+            "before": _encode(pair[0], lo, hi), "after": _encode(pair[1], lo, hi)}
+
+
 def _picture(plane: torch.Tensor) -> dict[str, Any] | None:
     """One 2-D slice at most HEAT_SIDE cells a side, on its own scale (None: no finite value)."""
+    cells = _cells(plane)
+    known = cells[torch.isfinite(cells)]
+    if not len(known):
+        return None
+    return _encode(cells, float(known.min()), float(known.max()))
+
+
+def _cells(plane: torch.Tensor) -> torch.Tensor:
+    """A slice's means over at most HEAT_SIDE cells a side (float64; NaN: a cell with no
+    finite value)."""
     plane = plane.to("cpu")
     plane = (plane.abs() if plane.is_complex() else plane)
     finite = torch.isfinite(plane)
@@ -64,16 +106,17 @@ def _picture(plane: torch.Tensor) -> dict[str, Any] | None:
         info = torch.finfo(plane.dtype)
         finite &= (plane != info.min) & (plane != info.max)
     plane = plane.to(torch.float64)
-    if not bool(finite.any()):
-        return None
     rows, cols = plane.shape
     size = (min(rows, HEAT_SIDE), min(cols, HEAT_SIDE))
     # Means over the finite values a cell covers: pooled sums over pooled counts.
     sums = F.adaptive_avg_pool2d(torch.where(finite, plane, 0.0)[None, None], size)[0, 0]
     shares = F.adaptive_avg_pool2d(finite.to(torch.float64)[None, None], size)[0, 0]
-    cells = torch.where(shares > 0, sums / shares.clamp(min=1e-300), torch.nan)
-    known = cells[torch.isfinite(cells)]
-    lo, hi = float(known.min()), float(known.max())
+    return torch.where(shares > 0, sums / shares.clamp(min=1e-300), torch.nan)
+
+
+def _encode(cells: torch.Tensor, lo: float, hi: float) -> dict[str, Any]:
+    """Cells as the page draws them: one byte each from lo (0) to hi (255), and `holes`."""
+    size = tuple(cells.shape)
     scaled = ((cells - lo) / (hi - lo) * 255) if hi > lo else torch.zeros_like(cells)
     data = scaled.nan_to_num(0.0).round().clamp(0, 255).to(torch.uint8)
     picture = {"rows": size[0], "cols": size[1], "lo": lo, "hi": hi,

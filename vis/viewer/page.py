@@ -40,7 +40,7 @@ MIN_HEIGHT_PX = 240
 # The page's script, in order. The parts share one function scope (state, helpers), so
 # the page stays a classic inline script: notebooks may refuse modules and blob URLs.
 SCRIPT_PARTS = ("graph.js", "repeats.js", "layout.js", "draw.js", "overview.js", "motion.js", "navigate.js", "search.js",
-                "panel.js", "charts.js", "colour.js", "controls.js")
+                "panel.js", "charts.js", "grid.js", "colour.js", "controls.js")
 
 
 class ViewerPage(str):

@@ -501,8 +501,10 @@ def test_find_nonfinite_names_an_input_that_holds_one() -> None:
     assert found.label == "input_1_0"
 
 
-def test_to_html_colours_run_a_by_relative_difference_and_opens_on_the_first_divergence(tmp_path) -> None:
+def test_to_html_colours_run_a_by_difference_over_tolerance_and_opens_on_the_first_divergence(tmp_path) -> None:
     import json
+
+    from torchlog.comparison.page import LEGEND
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
@@ -513,4 +515,4 @@ def test_to_html_colours_run_a_by_relative_difference_and_opens_on_the_first_div
     comparison = torchlog.compare(torchlog.log_forward_pass(model, x), torchlog.log_forward_pass(changed, x))
     assert comparison.first_divergence.label_a == "linear_2_3"
     text = open(comparison.to_html(str(tmp_path / "diff.html")), encoding="utf-8").read()
-    assert "relative L2 difference" in text and json.dumps("linear_2_3") in text
+    assert json.dumps(LEGEND) in text and json.dumps("linear_2_3") in text

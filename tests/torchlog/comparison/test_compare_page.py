@@ -1,6 +1,7 @@
 """Comparison.to_html on a pair of 1,000-pass runs: the page's size, b's and the difference's
-statistics for every pass, and in Chromium its colours against relative L2 differences computed
-with plain PyTorch from the two runs' saved values."""
+statistics for every pass, and in Chromium its colours against how far outside its tolerance
+each pass is (log10 of max |a - b| / (atol + rtol max |a|), 0 within it), computed with plain
+PyTorch from the two runs' saved values."""
 from __future__ import annotations
 
 import copy
@@ -10,12 +11,12 @@ import torch
 from torch import nn
 
 import torchlog
-from tests.torchlog.comparison.test_compare_panel import check_stats, embedded_data, sections_of
+from tests.torchlog.comparison.test_compare_panel import check_stats, embedded_data, over_tolerance, sections_of
+from torchlog.comparison.page import LEGEND
 
 # The viewer's size budget (issue 11): the page of a 12-layer GPT-2, 555 passes with
 # statistics, is at most 3 MB. A 1,000-pass comparison page of small tensors stays within it.
 PAGE_BUDGET_BYTES = 3_000_000
-LEGEND = "relative L2 difference"
 
 
 class ScaledLoop(nn.Module):
@@ -45,13 +46,10 @@ def runs() -> tuple[torchlog.ModelHistory, torchlog.ModelHistory]:
             torchlog.log_forward_pass(scaled, x, random_seed=0))
 
 
-def _relative_l2(a: torchlog.ModelHistory, b: torchlog.ModelHistory) -> dict[str, float]:
-    """||a - b|| / ||a|| of every pass, in float64 from the saved values (the oracle)."""
-    found = {}
-    for record in a:
-        x, y = (h[record.label].tensor_contents.detach().double() for h in (a, b))
-        found[record.label] = float((x - y).norm() / x.norm())
-    return found
+def _over_tolerance(a: torchlog.ModelHistory, b: torchlog.ModelHistory) -> dict[str, float]:
+    """Every pass's colour value from its saved values (the oracle; float32's tolerance)."""
+    return {record.label: over_tolerance(record.tensor_contents, b[record.label].tensor_contents, 1e-5, 1e-7)
+            for record in a}
 
 
 def test_a_thousand_pass_comparison_page_fits_the_viewer_budget(runs, tmp_path) -> None:
@@ -84,7 +82,7 @@ def test_the_thousand_pass_page_opens_coloured_by_difference(runs, tmp_path) -> 
     from tests.vis.browser import open_page, start_browser
 
     a, b = runs
-    oracle = _relative_l2(a, b)
+    oracle = _over_tolerance(a, b)
     page = torchlog.compare(a, b).to_html(str(tmp_path / "compare.html"))
     driver = start_browser()
     try:
@@ -109,6 +107,7 @@ def test_the_thousand_pass_page_opens_coloured_by_difference(runs, tmp_path) -> 
     for key, value in expected.items():
         assert float(drawn[key][0]) == pytest.approx(value, rel=1e-4, abs=1e-12), key
     fills = {fill for value, fill in drawn.values() if float(value) == 0.0}
-    assert len(fills) == 1  # the passes before the runs part: one colour, the scale's low end
+    assert fills == {"#fff7ec"}  # the passes within tolerance: the scale's neutral start, unpainted
+    assert sum(1 for value, _ in drawn.values() if float(value) == 0.0) >= 300
     largest = max(expected, key=expected.get)
     assert largest == "mul_1_3" and drawn[largest][1] not in fills

@@ -5,6 +5,7 @@ passes only run b ran; and the peak memory of those statistics for two logs read
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,14 @@ def sections_of(data: dict[str, Any], label: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def over_tolerance(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> float:
+    """The page's colour of a pair (the oracle): log10 of max |a - b| / (atol + rtol max |a|),
+    0 where that is at most 1 (within tolerance)."""
+    x, y = a.detach().double(), b.detach().double()
+    ratio = float((x - y).abs().max()) / (atol + rtol * float(x.abs().max()))
+    return max(0.0, math.log10(ratio)) if ratio > 0 else 0.0
+
+
 def check_stats(table: dict[str, Any], value: torch.Tensor) -> None:
     """The statistics in a panel table against plain PyTorch (population std, finite entries)."""
     x = value.detach().double().reshape(-1)
@@ -97,7 +106,12 @@ def test_each_compared_pass_shows_b_the_difference_and_the_figures(tmp_path: Pat
         assert figures["rel. L2"] == pytest.approx(float((dx - dy).norm() / dx.norm()), rel=1e-5, abs=1e-12)
         assert figures["cosine"] == pytest.approx(float(torch.nn.functional.cosine_similarity(
             dx.reshape(-1), dy.reshape(-1), dim=0)), rel=1e-5)
-        assert data["colour"]["values"][row.label_a] == pytest.approx(figures["rel. L2"], rel=1e-6, abs=1e-12)
+        want = over_tolerance(x, y, 1e-5, 1e-7)  # float32's tolerance
+        assert data["colour"]["values"][row.label_a] == pytest.approx(want, rel=1e-5, abs=1e-9)
+        dx64, dy64 = x.double(), y.double()
+        ratio = float((dx64 - dy64).abs().max()) / (1e-7 + 1e-5 * float(dx64.abs().max()))
+        assert figures["max |a - b| / tolerance"] == pytest.approx(ratio, rel=1e-5, abs=1e-9)
+        assert (ratio <= 1) == (row.status is Status.MATCH)  # the panel's figure says why
     assert sections_of(data, "linear_1_1")["run b"]["label"] == "linear_1_2"  # b's own label
     assert "label" not in sections_of(data, "linear_2_4")["run b"]  # the same label: not repeated
     assert data["valueTitle"] == "run a" and data["view"]["focus"] == "linear_1_1"
@@ -181,5 +195,6 @@ def test_peak_memory_of_the_page_statistics_of_two_files_is_a_few_passes(tmp_pat
     assert num_sections == 22
     assert peak < both_runs / 8, f"peak {peak} B for runs of {both_runs} B"
     # b's value and the difference, and the float64 copy statistics read (two passes' bytes
-    # for float32 values): four passes, and a little for the file reads.
-    assert peak <= 4.5 * largest, f"peak {peak} B: more than 4.5 passes of {largest} B"
+    # for float32 values): four passes, and a little for the file reads; the histograms the
+    # panel draws of both add about half a pass (4.6 measured; 4.05 without them).
+    assert peak <= 5 * largest, f"peak {peak} B: more than 5 passes of {largest} B"

@@ -18,25 +18,30 @@ function histogramBody(hist) {
   const log = state.histLog;
   const size = (c) => (log ? Math.log10(1 + c) : c);
   const peak = Math.max(...counts);
-  const top_ = Math.max(size(peak), 1e-12), barW = (width - left) / counts.length;
+  const top_ = Math.max(size(peak), 1e-12);
   const step = (hist.hi - hist.lo) / counts.length;
+  // The value axis: the histogram's own range, or a shared one (`axis`: before and after an
+  // intervention drawn one above the other), each bar where its values lie.
+  const [a, b] = hist.axis || [hist.lo, hist.hi];
+  const x = (v) => left + (b > a ? ((v - a) / (b - a)) * (width - left) : 0);
   const bars = counts.map((c, i) => {
     const h = c > 0 ? Math.max(1, (size(c) / top_) * height) : 0;
     const from = hist.lo + i * step, to = i === counts.length - 1 ? hist.hi : hist.lo + (i + 1) * step;
-    return `<rect x="${(left + i * barW).toFixed(1)}" y="${(top + height - h).toFixed(1)}" ` +
-      `width="${Math.max(barW - 1, 1).toFixed(1)}" height="${h.toFixed(1)}">` +
+    const w = step > 0 ? x(to) - x(from) : (width - left) / counts.length;
+    return `<rect x="${x(from).toFixed(1)}" y="${(top + height - h).toFixed(1)}" data-count="${c}" ` +
+      `width="${Math.max(w - 1, 1).toFixed(1)}" height="${h.toFixed(1)}">` +
       `<title>[${tickText(from)}, ${tickText(to)}${i === counts.length - 1 ? "]" : ")"}: ${c}</title></rect>`;
   }).join("");
-  const y0 = top + height, mid = (hist.lo + hist.hi) / 2;
+  const y0 = top + height, mid = (a + b) / 2;
   const axes = `<line class="axis" x1="${left - 1}" y1="${top}" x2="${left - 1}" y2="${y0}"/>` +
     `<line class="axis" x1="${left - 1}" y1="${y0}" x2="${width}" y2="${y0}"/>` +
     `<text class="count" x="${left - 4}" y="${top + 8}" text-anchor="end">${peak}</text>` +
     `<text class="count" x="${left - 4}" y="${y0}" text-anchor="end">0</text>` +
-    `<text x="${left}" y="${y0 + 12}">${tickText(hist.lo)}</text>` +
+    `<text x="${left}" y="${y0 + 12}">${tickText(a)}</text>` +
     `<text x="${(left + width) / 2}" y="${y0 + 12}" text-anchor="middle">${tickText(mid)}</text>` +
-    `<text x="${width}" y="${y0 + 12}" text-anchor="end">${tickText(hist.hi)}</text>`;
+    `<text x="${width}" y="${y0 + 12}" text-anchor="end">${tickText(b)}</text>`;
   return `<svg class="hist" width="${width}" height="${y0 + axis}" viewBox="0 0 ${width} ${y0 + axis}" ` +
-    `data-log="${log}">${bars}${axes}</svg>`;
+    `data-log="${log}"${hist.name ? ` data-name="${esc(hist.name)}"` : ""}>${bars}${axes}</svg>`;
 }
 
 function logToggleHtml() {
@@ -104,15 +109,19 @@ const HEAT_HOLE = "#9a9a9a";  // cells holding only NaN, Inf or a mask's fill
 // panel shows one, chosen in its slice box, with its axes named and its own scale.
 const panelHeats = [];
 
-function heatmapHtml(heat) {
+// `lead`: the leading indices of a slice to open on (an intervention's acted-on slice), when
+// the picker holds it; the first slice otherwise.
+function heatmapHtml(heat, lead) {
   const index = panelHeats.push(heat) - 1;
   const count = 1 + (heat.more ? heat.more.length : 0);
   const dims = heat.shape.length;
+  const held = lead && heat.along !== undefined && lead.every((v, d) => d === heat.along || v === 0);
+  const start = held && lead[heat.along] < count ? lead[heat.along] : 0;
   const picker = count < 2 ? "" : `<label class="heat-pick">slice along dim ${heat.along} ` +
     `(${heat.shape[heat.along]}; heads or channels): <select data-heat="${index}">` +
-    [...Array(count).keys()].map((i) => `<option value="${i}">${i}</option>`).join("") + "</select>" +
+    [...Array(count).keys()].map((i) => `<option value="${i}"${i === start ? " selected" : ""}>${i}</option>`).join("") + "</select>" +
     (heat.shape[heat.along] > count ? ` <small>(the first ${count})</small>` : "") + "</label>";
-  return `<div class="heat" data-heat="${index}">${picker}<div class="heat-body">${heatBody(heat, 0)}</div>` +
+  return `<div class="heat" data-heat="${index}">${picker}<div class="heat-body">${heatBody(heat, start)}</div>` +
     `<p class="legend axes">rows: dim ${dims - 2} (${heat.shape[dims - 2]}), columns: dim ${dims - 1} (${heat.shape[dims - 1]})</p></div>`;
 }
 
@@ -121,28 +130,55 @@ function heatBody(heat, which) {
   const lead = heat.shape.slice(0, -2).map((_, d) => (d === heat.along ? which : 0));
   const slice = `[${[...lead, ":", ":"].join(", ")}]`;
   if (!picture) return `<p class="legend">slice ${esc(slice)} holds no finite value</p>`;
-  const bytes = atob(picture.cells);
+  const [fullRows, fullCols] = heat.shape.slice(-2);
+  const averaged = picture.rows < fullRows || picture.cols < fullCols;
+  return heatImage(picture, `data-slice="${which}"`) +
+    `<div class="bar" style="background: linear-gradient(to right, ${HEAT_STOPS.join(", ")})"></div>` +
+    `<div class="ends"><span>${tickText(picture.lo)}</span><span>${tickText(picture.hi)}</span></div>` +
+    `<p class="legend">slice ${esc(slice)} of ${esc(shapeText(heat.shape))}` +
+    `${averaged ? `, averaged to ${picture.rows} x ${picture.cols}` : ""}</p>` +
+    (picture.holes ? `<p class="legend holes"><i style="background: ${HEAT_HOLE}"></i> masked, NaN or Inf: not on the scale</p>` : "");
+}
+
+// An intervened pass: the histograms of the value before the first action and of the value
+// kept, one above the other on one value axis, and the slice the action acted on (the
+// ablated head), before and after, on one scale.
+function beforeAfterCharts(before, s, acted) {
+  let html = "";
+  if (before.counts && s.hist && before.min !== null && s.min !== null) {
+    const axis = [Math.min(before.min, s.min), Math.max(before.max, s.max)];
+    html += ["before", "after"].map((name) => {
+      const [v, counts] = name === "before" ? [before, before.counts] : [s, s.hist];
+      return `<p class="legend">${name}</p>` + histogramSvg({ lo: v.min, hi: v.max, counts, axis, name });
+    }).join("") + logToggleHtml();
+  }
+  if (!acted) return html;
+  const picture = (name) => {
+    const p = acted[name];
+    return `<figure data-name="${name}">${heatImage(p, "", 160)}<figcaption>${name}</figcaption></figure>`;
+  };
+  return html + `<div class="heat acted" data-slice="${esc(acted.slice)}"><p class="legend">slice acted on: ` +
+    `${esc(acted.slice)} of ${esc(shapeText(acted.shape))}</p><div class="pair">${picture("before")}${picture("after")}</div>` +
+    `<div class="bar" style="background: linear-gradient(to right, ${HEAT_STOPS.join(", ")})"></div>` +
+    `<div class="ends"><span>${tickText(acted.before.lo)}</span><span>${tickText(acted.before.hi)}</span></div></div>`;
+}
+
+// One picture as an image, its cells in the heatmap colours (holes grey).
+function heatImage(picture, attributes = "", side = 240) {
+  const bytes = atob(picture.cells), holes = picture.holes ? atob(picture.holes) : null;
   const canvas = document.createElement("canvas");
   canvas.width = picture.cols;
   canvas.height = picture.rows;
   const ctx = canvas.getContext("2d");
   const image = ctx.createImageData(picture.cols, picture.rows);
-  const holes = picture.holes ? atob(picture.holes) : null;
   for (let i = 0; i < bytes.length; i++) {
-    const hole = holes && holes.charCodeAt(i);
-    const [r, g, b] = hexToRgb(hole ? HEAT_HOLE : rampColour(HEAT_STOPS, bytes.charCodeAt(i) / 255));
+    const [r, g, b] = hexToRgb(holes && holes.charCodeAt(i) ? HEAT_HOLE : rampColour(HEAT_STOPS, bytes.charCodeAt(i) / 255));
     image.data.set([r, g, b, 255], 4 * i);
   }
   ctx.putImageData(image, 0, 0);
-  const [fullRows, fullCols] = heat.shape.slice(-2);
-  const averaged = picture.rows < fullRows || picture.cols < fullCols;
-  const side = 240, ratio = picture.rows / picture.cols;
+  const ratio = picture.rows / picture.cols;
   const [w, h] = ratio > 1 ? [side / ratio, side] : [side, side * ratio];
   return `<img src="${canvas.toDataURL("image/png")}" width="${w.toFixed(0)}" height="${h.toFixed(0)}" ` +
-    `alt="heatmap" data-rows="${picture.rows}" data-cols="${picture.cols}" data-slice="${which}">` +
-    `<div class="bar" style="background: linear-gradient(to right, ${HEAT_STOPS.join(", ")})"></div>` +
-    `<div class="ends"><span>${tickText(picture.lo)}</span><span>${tickText(picture.hi)}</span></div>` +
-    `<p class="legend">slice ${esc(slice)} of ${esc(shapeText(heat.shape))}` +
-    `${averaged ? `, averaged to ${picture.rows} x ${picture.cols}` : ""}</p>` +
-    (holes ? `<p class="legend holes"><i style="background: ${HEAT_HOLE}"></i> masked, NaN or Inf: not on the scale</p>` : "");
+    `alt="heatmap" data-rows="${picture.rows}" data-cols="${picture.cols}" data-lo="${picture.lo}" ` +
+    `data-hi="${picture.hi}" ${attributes}>`;
 }

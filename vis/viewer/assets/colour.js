@@ -43,7 +43,9 @@ function valueOf(p) {
   return typeof v === "number" && Number.isFinite(v) ? v : null;
 }
 
-// The scale spans every pass's value, so it stays put as modules open and close.
+// The scale spans every pass's value, so it stays put as modules open and close. The
+// caller's numbers (a difference, a patching effect) are measured from 0: their scale starts
+// there, and is symmetric around it where the values have both signs.
 function colourRange() {
   let lo = Infinity, hi = -Infinity;
   for (const p of DATA.passes) {
@@ -51,15 +53,19 @@ function colourRange() {
     if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
   }
   if (lo > hi) return null;
-  const diverging = lo < 0 && hi > 0;
+  if (state.colour === "custom") { lo = Math.min(lo, 0); hi = Math.max(hi, 0); }
+  // The caller's negative numbers keep 0 at the neutral middle too (a symmetric scale).
+  const diverging = lo < 0 && (hi > 0 || state.colour === "custom");
   const m = Math.max(Math.abs(lo), Math.abs(hi));
-  return diverging ? { lo: -m, hi: m, stops: DIVERGING } : { lo, hi, stops: SEQUENTIAL };
+  // One value only: the caller's 0 is the scale's start (nothing differs, no effect).
+  const flat = state.colour === "custom" ? 0 : 0.5;
+  return diverging ? { lo: -m, hi: m, stops: DIVERGING, flat } : { lo, hi, stops: SEQUENTIAL, flat };
 }
 
 function colourOf(value) {
   const r = colouring.range;
   if (value === null || !r) return NO_VALUE;
-  return rampColour(r.stops, r.hi > r.lo ? (value - r.lo) / (r.hi - r.lo) : 0.5);
+  return rampColour(r.stops, r.hi > r.lo ? (value - r.lo) / (r.hi - r.lo) : r.flat);
 }
 
 // A unit with no value under the caller's colouring shows the mark of its first marked pass.

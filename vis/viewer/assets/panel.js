@@ -62,7 +62,10 @@ function statsHtml(p) {
   const s = p.stats;
   if (!s) return "<p>Saved (no statistics: not a tensor).</p>";
   const bad = (n) => (n ? `<span class="warn">${n}</span>` : "0");
-  const table = p.before ? beforeAfterHtml(p.before, s, bad) : rows([["min", num(s.min)], ["max", num(s.max)],
+  if (p.before) {
+    return beforeAfterHtml(p.before, s, bad) + beforeAfterCharts(p.before, s, p.acted) + (s.heat ? heatmapHtml(s.heat, p.before.slice) : "");
+  }
+  const table = rows([["min", num(s.min)], ["max", num(s.max)],
     ["mean", num(s.mean)], ["std", num(s.std)], ["zeros", (100 * s.zeros).toFixed(1) + " %"], ["NaN", bad(s.nan)],
     ["Inf", bad(s.inf)], ...maskedRow(s), ["elements", String(s.numel)]]);
   return table + (s.hist ? histogramSvg({ lo: s.min, hi: s.max, counts: s.hist }) + logToggleHtml() : "") +
@@ -96,12 +99,15 @@ function sectionsHtml(p) {
   return found.map(([layout, values]) => {
     const [title, names] = DATA.sections.layouts[layout];
     const cells = names.map((name, i) => [name, typeof values[i] === "number" ? num(values[i]) : esc(values[i])]);
-    return `<section class="torchlog-section" data-title="${esc(title)}"><h3>${esc(title)}</h3>${rows(cells)}</section>`;
+    const hist = DATA.histograms && DATA.histograms[p.label] && DATA.histograms[p.label][title];
+    const chart = hist ? histogramSvg({ ...hist, name: title }) : "";
+    return `<section class="torchlog-section" data-title="${esc(title)}"><h3>${esc(title)}</h3>${rows(cells)}${chart}</section>`;
   }).join("");
 }
 
 function valueHtml(p, heading) {
-  return (heading ? `<h3>${esc(VALUE_TITLE)}</h3>` : "") + statsHtml(p) + sectionsHtml(p);
+  return (heading ? `<h3>${esc(VALUE_TITLE)}</h3>` : "") + statsHtml(p) + sectionsHtml(p) + barsHtml(p) +
+    (heading ? gridHtml(p) : "");
 }
 
 function passRows(p) {
