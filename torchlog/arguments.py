@@ -86,6 +86,12 @@ def _plugins() -> tuple:
 
 
 def _check_not_meta(named_modules: list) -> None:
+    """Refuse a model with a parameter or buffer on the meta device, which holds no values.
+
+    Raises:
+        ModelInputError: naming the first such tensor; for a model offloaded by accelerate
+            (its hooks load such weights only while their module runs), saying so.
+    """
     for address, module in named_modules:
         params, buffers = module._parameters, module._buffers
         if not params and not buffers:  # most modules: activations, containers
@@ -93,10 +99,29 @@ def _check_not_meta(named_modules: list) -> None:
         for name, tensor in (*params.items(), *buffers.items()):
             if tensor is not None and tensor.is_meta:
                 name = f"{address}.{name}" if address else name
+                if _is_offloaded(address, named_modules):
+                    raise ModelInputError(
+                        f"model parameter {name!r} is offloaded by accelerate (cpu_offload, disk_offload, "
+                        "or dispatch_model with 'cpu' or 'disk' in its device_map): it sits on the meta "
+                        "device until its module runs, which torchlog cannot log yet; load the model "
+                        "without offloading (a device_map that puts every module on a device)")
                 raise ModelInputError(
                     f"model parameter or buffer {name!r} is on the meta device and holds no "
                     "values; materialise the model first (model.to_empty(device='cpu') and load "
                     "weights)")
+
+
+def _is_offloaded(address: str, named_modules: list) -> bool:
+    """Whether the module at `address`, or one above it, carries an accelerate hook that
+    offloads weights (read by duck typing: torchlog does not import accelerate)."""
+    for found, module in named_modules:
+        if found and found != address and not address.startswith(found + "."):
+            continue  # not the module or one above it
+        hook = getattr(module, "_hf_hook", None)
+        hooks = getattr(hook, "hooks", (hook,))  # accelerate's SequentialHook holds several
+        if any(getattr(h, "offload", False) is True for h in hooks):
+            return True
+    return False
 
 
 class _Forward(NamedTuple):

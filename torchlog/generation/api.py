@@ -11,6 +11,7 @@ from torch import nn
 from torchlog.errors import GenerationError, InvalidArgumentTypeError, InvalidOptionError, StepNotFoundError
 from torchlog.api import log_forward_pass
 from torchlog.generation.history import GenerationHistory
+from torchlog.generation.step_files import step_folder, step_path
 from torchlog.generation.stepping import StepLogger
 from torchlog.model_state import is_compiled
 from torchlog.options import LogOptions
@@ -19,8 +20,8 @@ __all__ = ["log_generation", "run_steps", "runner", "chosen_steps"]
 
 _LOG_FIELDS = frozenset(f.name for f in fields(LogOptions))
 # Options a step cannot honour: a stopped or returned-on-error step has no output for
-# generate to continue from, and a file per generation is not written yet.
-_REFUSED = {"stop_after": None, "on_error": "raise", "save_to": None}
+# generate to continue from.
+_REFUSED = {"stop_after": None, "on_error": "raise"}
 
 
 def log_generation(model: nn.Module, input_ids: torch.Tensor, *, decode: Callable[..., Any] | None = None,
@@ -45,6 +46,9 @@ def log_generation(model: nn.Module, input_ids: torch.Tensor, *, decode: Callabl
         intervene_steps: the steps to intervene at (0 is the prefill: `[0]` edits the
             prompt only); None for every step.
         options: LogOptions for every step (`layers_to_save`, `random_seed`, ...).
+            `save_to` names a folder (created if missing): step k streams into its own
+            log, `step_0000.h5` for the prefill, ..., written as the step runs, and the
+            steps' histories read their values back from those files.
         **keywords: LogOptions fields by name (`layers_to_save=['transformer.h.1']`); every
             other keyword goes to `generate` (`max_new_tokens`, `do_sample`, ...).
 
@@ -54,8 +58,10 @@ def log_generation(model: nn.Module, input_ids: torch.Tensor, *, decode: Callabl
     Raises:
         InvalidArgumentTypeError: no `generate` and no `decode`; a bad `decode`,
             `intervene` or `intervene_steps`; a rendering keyword.
-        InvalidOptionError: an option a step cannot honour (`stop_after`, `save_to`,
+        InvalidOptionError: an option a step cannot honour (`stop_after`,
             `on_error='return'`), or `intervene` given twice.
+        LogFileExistsError, LogFileNotFoundError: `save_to` is a file, a folder already
+            holding step logs (without `overwrite=True`), or a folder whose parent is missing.
         StepNotFoundError: a step of `intervene_steps` beyond `max_new_tokens`, or one
             generation did not reach (then the generation is on `exc.torchlog_generation`).
         Exception: whatever generation raises, unchanged, with the steps done on
@@ -83,6 +89,8 @@ def log_generation(model: nn.Module, input_ids: torch.Tensor, *, decode: Callabl
     options = _step_options(options, {k: v for k, v in keywords.items() if k in _LOG_FIELDS}, intervene)
     steps = chosen_steps(intervene_steps, generate_kwargs.get("max_new_tokens"))
     options_for = _options_per_step(options, intervene, steps)
+    if options.save_to is not None:  # checked last: it creates the folder
+        options_for = _written_per_step(options_for, step_folder(options.save_to, options.overwrite))
     logger = StepLogger(model, lambda args, kwargs, k: log_forward_pass(model, args, kwargs, options=options_for(k)))
     return run_steps(logger, run, generate_kwargs, steps,
                      lambda output, sequences: GenerationHistory(model_name, input_ids, logger.steps, output, sequences))
@@ -180,6 +188,11 @@ def _options_per_step(options: LogOptions, intervene: Any, steps: frozenset[int]
             return replace(options, intervene=intervene(step))
         return options
     return options_for
+
+
+def _written_per_step(options_for: Callable[[int], LogOptions], folder: str) -> Callable[[int], LogOptions]:
+    """`options_for`, with step k streamed into its own log in `folder`."""
+    return lambda step: replace(options_for(step), save_to=step_path(folder, step))
 
 
 def _sequences(output: Any) -> torch.Tensor:

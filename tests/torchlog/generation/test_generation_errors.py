@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import torchlog
-from torchlog.errors import (GenerationError, InvalidArgumentTypeError, InvalidOptionError,
+from torchlog.errors import (GenerationError, InvalidArgumentTypeError, InvalidOptionError, LogFileNotFoundError,
                              StepNotFoundError)
 from torchlog.interventions import add
 
@@ -56,7 +56,7 @@ def test_a_model_without_generate_and_no_decode_loop_is_refused_by_name() -> Non
     ({"decode": greedy, "intervene_steps": "12"}, InvalidArgumentTypeError, "got '12'"),
     ({"decode": greedy, "stop_after": "head"}, InvalidOptionError, "stop_after='head'"),
     ({"decode": greedy, "on_error": "return"}, InvalidOptionError, "on_error='return'"),
-    ({"decode": greedy, "save_to": "x.h5"}, InvalidOptionError, "save_to='x.h5'"),
+    ({"decode": greedy, "save_to": "no_such_folder/gen"}, LogFileNotFoundError, "'no_such_folder/gen'.*does not exist"),
     ({"decode": greedy, "intervene": {"head": add(torch.zeros(10))},
       "options": torchlog.LogOptions(intervene={"emb": add(torch.zeros(8))})}, InvalidOptionError, "give it once"),
     ({"decode": greedy, "options": {"layers_to_save": "all"}}, InvalidArgumentTypeError, "LogOptions"),
