@@ -26,7 +26,9 @@ def random_draws(passes: Sequence[PassRecord]) -> set[str]:
 
     With recorded RNG states (save_function_args=True) a call drew when the state before
     the next call differs from its own (the outputs of one call share its state);
-    otherwise, and for the last call, by the function's name.
+    otherwise, and for the last call, by the function's name, except an op that gave back
+    its input as it was (dropout in eval mode) and a pass whose value an intervention set
+    (the other run tells whether the op itself drew).
     """
     calls: list[list[PassRecord]] = []
     for record in passes:
@@ -42,8 +44,19 @@ def random_draws(passes: Sequence[PassRecord]) -> set[str]:
         if state is not later and not _same_state(state, later):
             drew.update(record.label for record in call)
     known = {record.label for call in calls[:-1] for record in call}
-    drew.update(r.label for r in passes if r.label not in known and r.func_name in RANDOM_OPS)
+    by_label = {record.label: record for record in passes}
+    drew.update(r.label for r in passes if r.label not in known and r.func_name in RANDOM_OPS
+                and not _returned_its_input(r, by_label) and "interventions" not in r.extra)
     return drew
+
+
+def _returned_its_input(record: PassRecord, by_label: dict[str, PassRecord]) -> bool:
+    """Whether the op gave back its first argument's value as it was (dropout in eval mode):
+    capture then saves one value for both, and no random number was drawn."""
+    if record.saved is None or not record.parents:
+        return False
+    parent = by_label.get(record.parents[0].label)
+    return parent is not None and parent.saved is record.saved
 
 
 def _same_state(first: Any, second: Any) -> bool:

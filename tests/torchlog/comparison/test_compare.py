@@ -14,6 +14,7 @@ from tests.models import TINY_MODELS
 from torchlog.comparison import Difference, Status, Tolerance, align, difference, first_nonfinite
 from torchlog.comparison.report import source_line
 from torchlog.comparison.statuses import random_draws
+from torchlog.interventions import zero_ablate
 from torchlog.comparison.tolerances import default_tolerance, precision_of
 
 
@@ -260,7 +261,9 @@ def test_random_draws_by_rng_state_and_by_name() -> None:
     assert random_draws(_log(Draws(True), x, save_function_args=True)) == drawing
     assert random_draws(_log(Draws(True), x)) == drawing
     assert random_draws(_log(Draws(False), x, save_function_args=True)) == drawing - {"dropout_1_5"}
-    assert random_draws(_log(Draws(False), x)) == drawing  # by name: a dropout may draw
+    # Without RNG states, an eval-mode dropout gives back its input: one saved value for both.
+    assert random_draws(_log(Draws(False), x)) == drawing - {"dropout_1_5"}
+    assert random_draws(_log(Draws(False), x, layers_to_save=None)) == drawing  # no values: by name
 
 
 def test_op_filling_an_empty_tensor_is_the_origin_of_what_it_fills_in() -> None:
@@ -516,3 +519,18 @@ def test_to_html_colours_run_a_by_difference_over_tolerance_and_opens_on_the_fir
     assert comparison.first_divergence.label_a == "linear_2_3"
     text = open(comparison.to_html(str(tmp_path / "diff.html")), encoding="utf-8").read()
     assert json.dumps(LEGEND) in text and json.dumps("linear_2_3") in text
+
+
+def test_an_eval_mode_dropout_edited_in_one_run_is_where_the_runs_part() -> None:
+    """Dropout in eval mode gives back its input, so it draws nothing: runs with different
+    seeds still compare there, and zeroing an MLP whose last op is its dropout is the first
+    divergence (it was 'not comparable' by the op's name, and the divergence went unnamed)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    model, ids = transformers.GPT2LMHeadModel(config).eval(), torch.randint(0, 100, (1, 8))
+    a = torchlog.log_forward_pass(model, ids, random_seed=1)
+    b = torchlog.log_forward_pass(model, ids, random_seed=2, intervene={"transformer.h.1.mlp": zero_ablate()})
+    (fired,) = b.interventions
+    assert torchlog.compare(a, b).first_divergence.label_a == fired.label
