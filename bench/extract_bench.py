@@ -60,6 +60,7 @@ from provenance import cpu_model, provenance, provenance_line  # noqa: E402
 
 import torchlog  # noqa: E402
 import torchlog.storage  # noqa: E402
+from torchlog.datasets import extraction  # noqa: E402
 from torchlog.storage.arrays import Appender  # noqa: E402
 
 MB = 1 << 20
@@ -154,8 +155,8 @@ def plain_loop(model: nn.Module, samples: torch.Tensor, case: ExtractCase, path:
 def run_extract(model: nn.Module, samples: torch.Tensor, case: ExtractCase, entries: list, path: Path,
                 **options: Any) -> float:
     started = clock()
-    torchlog.storage.extract(model, samples, entries, path, batch_size=case.batch_size, overwrite=True,
-                             progress=False, **options)
+    extraction.extract(model, samples, entries, path, batch_size=case.batch_size, overwrite=True,
+                       progress=False, **options)
     return clock() - started
 
 

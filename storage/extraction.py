@@ -1,4 +1,4 @@
-"""Running chosen layers over a dataset into one array per layer, resumably, in one or many processes.
+"""The HDF5 sink of an extract: one array per layer, resumable, in one or many processes.
 
 File layout (root attribute `format` = 'torchlog-extract'): `layers/<label>` holds one
 dataset per layer with the sample as first axis, and the group's `selected` attribute
@@ -7,141 +7,126 @@ records how many samples each finished batch added. A batch counts only once eve
 interruption a rerun continues after the last finished one. Under torch.distributed each
 rank writes a shard of its own and rank 0 joins them (see shards.py).
 
-The selection is resolved on the first batch's logged pass; later batches save through
-module hooks or a lean capture (see extract_plan.py), one model call per batch, at nearly
-the speed of a plain forward loop.
+The model is run by torchlog.datasets (`torchlog/datasets/extraction.py`, the dataset
+driver of `torchlog.extract`); this module only checks, writes and joins the files it is
+handed each batch's values for.
 """
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch import nn
 
-from torchlog.errors import InvalidOptionError, LogFileError, LogFileExistsError
-from torchlog.sites.entries import check_entries, check_stop_after
-from torchlog.seeding import seeded
+from torchlog.errors import InvalidOptionError, LogFileExistsError
 from torchlog.storage import files
 from torchlog.storage.arrays import ActivationFile, Appender
-from torchlog.storage.batches import Batches, batch_len
-from torchlog.storage.distributed import Group, current_group
+from torchlog.storage.distributed import current_group
 from torchlog.storage.extract_files import finished_batches, note_selection, open_extract, run_config
-from torchlog.storage.extract_plan import ExtractPlan
 from torchlog.storage.format import COMPLETE
 from torchlog.storage.shards import join_shards, other_runs, remove_other_runs, shard_path
 from torchlog.storage.values import WriteOptions
 
-__all__ = ["extract", "open_activations"]
+__all__ = ["ExtractSink", "WriteOptions", "check_chunks", "open_activations"]
 
 
-def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
-            batch_size: int | None = None, overwrite: bool = False, progress: bool | None = None,
-            compression: str | None = None, on_batch: Callable[[Any, int], None] | None = None,
-            chunks: bool | int | None = None, random_seed: int = 0,
-            stop_after: Any = None) -> ActivationFile:
-    """Save `layers` of `model` over every batch of `inputs` into one array per layer in `to`.
+class ExtractSink:
+    """Writes an extract's batches into `to` (or this rank's shard of it), batch after batch.
 
-    The model is called once per batch. The first batch is logged once, which finds the
-    layers and gives that batch's values; later batches run with module hooks (every
-    entry a module address) or a lean capture. A batch whose ops differ from the first
-    batch's is saved from that same call, each layer from its first-batch place (a
-    module's k-th call, or the n-th call of an op's function inside its module), with an
-    OpSequenceChangedWarning; a layer whose place did not run makes it refused. Each batch
-    runs under torch.no_grad() with the RNGs seeded to `random_seed` + its index. Rerunning
-    after an interruption continues after the last finished batch. Under torch.distributed
-    (e.g. torchrun), rank r of n takes the r-th of n blocks of batches, writes
-    `<to stem>.shard{r}-of-{n}.h5`, and rank 0 writes `to` joining them; each rank then
-    returns the joined file.
+    The driver calls, in order: `check` (reading only, on every rank), `agree` (every rank
+    learns whether all can start), `writing` (the file open, around the batches), `add`
+    for each layer of a batch then `end_batch`, and `finish` (rank 0 joins the shards).
+    `group` is this process's place among the ranks (torch.distributed, else one process).
 
-    Args:
-        model: the module to run.
-        inputs: with batch_size None, an iterable (or DataLoader) whose items are batches,
-            each passed to forward like log_forward_pass's input_args (a list or tuple is
-            spread into positional arguments: for a loader of (x, y) pairs, pass
-            `(x for x, _ in loader)`); with batch_size, a tensor split along its first
-            axis, a dataset (`len` and `[i]`) or an iterable of single samples (tensors,
-            or tuples of tensors) stacked into batches. Many processes need a known length.
-        layers: entries as for layers_to_save (labels, module addresses, positions).
-        to: the HDF5 file to create, or to resume.
-        batch_size: samples per batch, see `inputs`.
-        overwrite: start over even if `to` (or its shards) exist.
-        progress: show a tqdm bar (global counts, on rank 0 only); None shows it only when
-            stderr is a terminal.
-        compression: None, 'gzip' or 'lzf' (chunked storage).
-        on_batch: called as `on_batch(history, batch_index)` once a batch is written, e.g. for
-            TensorBoard summaries; every batch is then logged by log_forward_pass with
-            `layers_to_save=layers` (and keep_unsaved_layers), which runs the model twice.
-        chunks: None stores each layer contiguously when the number of samples is known
-            and nothing is compressed, else in chunks of whole batches; True always
-            chunks; an int sets the samples per chunk; False insists on contiguous storage
-            (a known number of samples, no compression).
-        random_seed: seed of batch 0; batch i runs with random_seed + i.
-        stop_after: a site as log_forward_pass takes it ('h.1', 'relu_2_4', a selector):
-            each batch ends right after it, so the rest of the model never runs (the
-            layers must all run before it). Every batch then runs lean or logged, not with
-            module hooks.
-
-    Returns:
-        The file, opened for reading as numpy arrays.
-
-    Raises:
-        InvalidArgumentTypeError, InvalidOptionError: bad arguments, an entry that selects
-            nothing, or samples of different shapes; before any file is written.
-        LogFileExistsError: `to` (or a shard) exists and is not an unfinished extract of this
-            same run (model, layers, batch size, number of processes).
-        LogFileError: a layer's output has no batch axis or changes shape between batches,
-            or a resumed run's inputs do not match the batches already written.
-        DistributedExtractError: another rank could not start, or rank 0 could not join.
-
-    Example:
-        >>> import tempfile, os, torch, torchlog
-        >>> path = os.path.join(tempfile.mkdtemp(), "acts.h5")
-        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
-        >>> acts = torchlog.extract(net, torch.rand(10, 3), ["relu_1_2"], path, batch_size=4)
-        >>> acts["relu_1_2"].shape
-        (10, 4)
+    `chunks` is as `check_chunks` accepts it.
     """
-    options = WriteOptions(compression)
-    check_stop_after(stop_after)
-    batches = Batches(inputs, batch_size)
-    _check_chunks(chunks, compression, batches)
-    job = _Job(model, _check_layers(layers), batches, files.as_path(to, "to"), current_group(),
-               random_seed, on_batch, stop_after)
-    with _rng_states_kept(batches, on_batch, random_seed):
-        problem, state = None, None
-        try:
-            state = job.start(overwrite)
-        except Exception as exc:  # every rank learns it before any rank writes
-            problem = exc
-        job.group.agree(problem)
-        if overwrite and job.group.rank == 0:
-            remove_other_runs(job.target, job.group.world_size)
-        done, stream, first = state
-        with _ProgressBar(job, progress) as bar:
-            with open_extract(job.path, job.config, resume=bool(done)) as file:
-                store = Appender(file, job.path, options, job.batches.num_samples_in(job.share), chunks)
-                note_selection(file, job.plan.selected)
-                job.count(bar, len(done), store)
-                for index, batch, saved in _chain(first, stream, job):
-                    job.write(store, index, batch, saved)
-                    job.count(bar, 1, store)
-                file.attrs["status"] = COMPLETE
-            job.group.finish(lambda: job.join(bar, store))  # rank 0 shows the final global count
-    return ActivationFile(job.target)
 
+    def __init__(self, to: Any, model_name: str, entries: list, batch_size: int | None,
+                 num_samples: int | None, options: WriteOptions, chunks: bool | int | None = None,
+                 stop_after: Any = None) -> None:
+        self.target = files.as_path(to, "to")
+        self.group = current_group()
+        world, rank = self.group.world_size, self.group.rank
+        self.path = self.target if world == 1 else shard_path(self.target, rank, world)
+        self.config = run_config(model_name, entries, batch_size, num_samples, world,
+                                 None if world == 1 else rank, stop_after)
+        self.target_config = run_config(model_name, entries, batch_size, num_samples, world, None, stop_after)
+        self.options = options
+        self.chunks = chunks
+        self._store: Appender | None = None
+        self._values: dict[str, torch.Tensor] = {}
 
-def _rng_states_kept(batches: Batches, on_batch: Callable | None, seed: int) -> Any:
-    """Around the whole run when no user code runs between batches (a tensor split into
-    batches, no callback): the RNG states are then saved and put back once, and each batch
-    only seeds them. Else each batch saves and restores them itself, so the data's own
-    draws (random augmentation) come from the user's streams as without extract. Saving
-    and restoring costs about 0.2 ms a batch, mostly numpy's state."""
-    if isinstance(batches.inputs, torch.Tensor) and on_batch is None:
-        return seeded(seed)
-    return contextlib.nullcontext()
+    def check(self, overwrite: bool) -> list[int]:
+        """The sizes of the batches an earlier run finished ([] to start anew), reading only.
+
+        Raises:
+            LogFileExistsError: the file (or a shard next to it) is not an unfinished extract
+                of this same run.
+        """
+        problem = None if overwrite else other_runs(self.target, self.group.world_size)
+        if problem is not None:
+            raise LogFileExistsError(
+                f"{self.target!r} cannot be resumed: {problem}; or pass overwrite=True "
+                "(--overwrite) to start over")
+        return finished_batches(self.path, self.config, overwrite)
+
+    def agree(self, problem: BaseException | None, overwrite: bool) -> None:
+        """Every rank says whether it can start; with `overwrite`, rank 0 then removes the
+        files of runs with another number of processes.
+
+        Raises:
+            Exception: `problem` itself, on the rank that had it.
+            DistributedExtractError: on the other ranks, naming the rank and its message.
+        """
+        self.group.agree(problem)
+        if overwrite and self.group.rank == 0:
+            remove_other_runs(self.target, self.group.world_size)
+
+    @contextlib.contextmanager
+    def writing(self, resume: bool, num_samples: int | None, selected: list) -> Iterator[ExtractSink]:
+        """The file open for the batches: created, or resumed after its finished batches
+        (`resume`); `num_samples` this file will hold when known, `selected` which entry
+        chose which labels. Marked finished when the block ends without an error."""
+        with open_extract(self.path, self.config, resume=resume) as file:
+            self._store = Appender(file, self.path, self.options, num_samples, self.chunks)
+            note_selection(file, selected)
+            yield self
+            file.attrs["status"] = COMPLETE
+
+    def add(self, label: str, batch_index: int, value: torch.Tensor) -> None:
+        """Take one layer's value of the batch being written."""
+        self._values[label] = value
+
+    def end_batch(self, batch_index: int, num_samples: int) -> None:
+        """Write the batch whose layers were added, all at once.
+
+        Raises:
+            LogFileError: a layer with no batch axis, or whose shape or dtype changed.
+        """
+        values, self._values = self._values, {}
+        self._store.append(values, num_samples, batch_index)
+
+    def count(self, num_batches: int) -> int:
+        """Add this rank's finished batches to the global count; the global count."""
+        return self.group.count(num_batches)
+
+    @property
+    def write_rate(self) -> float | None:
+        """MB/s written so far, or None before the first write."""
+        store = self._store
+        return store.write_bytes / store.write_seconds / 2**20 if store is not None and store.write_seconds else None
+
+    def finish(self, before_join: Callable[[], None] = lambda: None) -> ActivationFile:
+        """End together with the other ranks: rank 0, once every shard is finished, calls
+        `before_join` and joins them into the target. The target, opened for reading."""
+        def join() -> None:
+            before_join()
+            if self.group.world_size > 1:
+                join_shards(self.target, self.group.world_size, self.target_config)
+
+        self.group.finish(join)
+        return ActivationFile(self.target)
 
 
 def open_activations(path: Any) -> ActivationFile:
@@ -157,123 +142,21 @@ def open_activations(path: Any) -> ActivationFile:
     return ActivationFile(path)
 
 
-class _Job:
-    """One process's part of an extract: its file, its batches, and the plan that saves them."""
+def check_chunks(chunks: Any, compression: str | None, contiguous: bool, inputs: str) -> None:
+    """Check `chunks`; `contiguous`: whether the number of samples is known without loading
+    the data, `inputs` the inputs' type name for the message.
 
-    def __init__(self, model: nn.Module, entries: list, batches: Batches, target: str, group: Group,
-                 seed: int, on_batch: Callable | None, stop_after: Any = None) -> None:
-        self.target = target
-        self.group = group
-        self.batches = batches
-        self.share = batches.share(group.rank, group.world_size)
-        world = group.world_size
-        self.path = target if world == 1 else shard_path(target, group.rank, world)
-        model_name = type(model).__name__
-        self.config = run_config(model_name, entries, batches.batch_size, batches.num_samples,
-                                 world, None if world == 1 else group.rank, stop_after)
-        self.target_config = run_config(model_name, entries, batches.batch_size, batches.num_samples,
-                                        world, None, stop_after)
-        self.plan = ExtractPlan(model, entries, needs_history=on_batch is not None, stop_after=stop_after)
-        self.seed = seed
-        self.on_batch = on_batch
-
-    def start(self, overwrite: bool) -> tuple[list[int], Iterator, tuple | None]:
-        """Check the files and run the first batch still to do, writing nothing.
-
-        Returns:
-            The sizes of the batches finished earlier, the stream of the batches after the
-            first one to do, and that first one as (index, batch, (values, history)).
-        """
-        problem = None if overwrite else other_runs(self.target, self.group.world_size)
-        if problem is not None:
-            raise LogFileExistsError(
-                f"{self.target!r} cannot be resumed: {problem}; or pass overwrite=True "
-                "(--overwrite) to start over")
-        done = finished_batches(self.path, self.config, overwrite)
-        stream = self.batches.load(self.share, skip=len(done))
-        for index, batch in stream:
-            position = index - self.share.start
-            if position < len(done):
-                self._check_done(index, batch, done[position])
-                continue
-            return done, stream, (index, batch, self.save(index, batch))
-        return done, stream, None
-
-    def _check_done(self, index: int, batch: Any, expected: int) -> None:
-        size = self.batches.size(index) if batch is None else batch_len(batch)
-        if size != expected:
-            raise LogFileError(
-                f"cannot resume {self.path!r}: batch {index} has {size} samples but the "
-                f"interrupted run wrote {expected}; the inputs differ (pass overwrite=True to "
-                "start over)")
-
-    def save(self, index: int, batch: Any) -> tuple[dict, Any]:
-        return self.plan.save(batch, self.seed + index, index)
-
-    def write(self, store: Appender, index: int, batch: Any, saved: tuple[dict, Any]) -> None:
-        values, history = saved
-        store.append(values, batch_len(batch), index)
-        if self.on_batch is not None:
-            self.on_batch(history, index)
-
-    def count(self, bar: Any, num_batches: int, store: Appender) -> None:
-        total = self.group.count(num_batches)
-        if bar is not None:
-            bar.update(total - bar.n)
-            if store.write_seconds:
-                bar.set_postfix_str(f"write {store.write_bytes / store.write_seconds / 2**20:.0f} MB/s",
-                                    refresh=False)
-
-    def join(self, bar: Any, store: Appender) -> None:
-        """Rank 0, once every shard is finished: the final count, then the joined file."""
-        self.count(bar, 0, store)
-        if self.group.world_size > 1:
-            join_shards(self.target, self.group.world_size, self.target_config)
-
-
-def _chain(first: tuple | None, stream: Iterator, job: _Job) -> Iterator[tuple[int, Any, tuple]]:
-    """The first batch (already run), then the others, each run as it comes."""
-    if first is None:
-        return
-    yield first
-    for index, batch in stream:
-        yield index, batch, job.save(index, batch)
-
-
-def _check_layers(layers: Any) -> list[str | int]:
-    if layers is None or (isinstance(layers, str) and layers == "all"):
-        raise InvalidOptionError(f"extract needs a list of layers, got {layers!r}; name the layers to keep")
-    return check_entries(layers)
-
-
-def _check_chunks(chunks: Any, compression: str | None, batches: Batches) -> None:
-    if chunks is False and (compression is not None or batches.num_samples is None
-                            or not batches.is_indexable):
+    Raises:
+        InvalidOptionError: `chunks` not one of its forms, or False where storage cannot be
+            contiguous.
+    """
+    if chunks is False and (compression is not None or not contiguous):
         raise InvalidOptionError(
             f"chunks=False (contiguous storage) needs a known number of samples (a tensor or a "
             f"dataset, with batch_size) and no compression, got compression={compression!r} and "
-            f"{type(batches.inputs).__name__} inputs; leave chunks=None to chunk when needed")
+            f"{inputs} inputs; leave chunks=None to chunk when needed")
     if chunks is None or isinstance(chunks, bool) or (isinstance(chunks, int) and chunks > 0):
         return
     raise InvalidOptionError(
         f"chunks must be None (contiguous when possible), True (chunks of whole batches), a "
         f"positive number of samples per chunk, or False (contiguous), got {chunks!r}")
-
-
-class _ProgressBar:
-    """A tqdm bar of global batch counts on rank 0 (None elsewhere, or when not shown)."""
-
-    def __init__(self, job: _Job, progress: bool | None) -> None:
-        self.bar = None
-        if job.group.rank == 0 and progress is not False:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=job.batches.num_batches, unit="batch", desc="extract",
-                            disable=None if progress is None else False, file=sys.stderr)
-
-    def __enter__(self) -> Any:
-        return self.bar
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -13,13 +13,15 @@ import torch
 
 from torchlog.errors import InvalidArgumentTypeError
 
-__all__ = ["FORMAT_NAME", "EXTRACT_FORMAT_NAME", "FORMAT_VERSION", "WRITING", "INCOMPLETE",
+__all__ = ["FORMAT_NAME", "EXTRACT_FORMAT_NAME", "STATISTICS_FORMAT_NAME", "FORMAT_VERSION", "WRITING",
+           "INCOMPLETE",
            "COMPLETE", "ACTIVATIONS", "GRADIENTS", "RNG_STATES", "BY_LABEL", "METADATA",
            "NODE_LOG", "MODULE_TABLE", "CHUNK_BYTES", "check_dense", "dtype_name", "dtype_from_name",
            "is_bits_encoded", "tensor_to_array", "array_to_tensor", "contiguous", "chunk_shape"]
 
 FORMAT_NAME = "torchlog"  # root attribute `format` of a log written by log_forward_pass/save
 EXTRACT_FORMAT_NAME = "torchlog-extract"  # root attribute `format` of an extract() file
+STATISTICS_FORMAT_NAME = "torchlog-statistics"  # root attribute `format` of a Statistics.save() file
 FORMAT_VERSION = 1  # root attribute `format_version`; readers refuse newer versions
 
 # Root attribute `status`.

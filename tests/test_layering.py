@@ -24,6 +24,8 @@ UPWARD_ENTRY_POINTS = {
     ("torchlog.history", "torchlog.export"),
     ("torchlog.arguments", "torchlog.vis"),
     ("torchlog.api", "torchlog.storage"),
+    ("torchlog.datasets.extraction", "torchlog.storage"),
+    ("torchlog.datasets.results", "torchlog.storage"),
     ("torchlog.patching.result", "torchlog.vis"),
 }
 

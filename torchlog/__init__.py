@@ -60,7 +60,7 @@ def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | No
             overwrite: bool = False, progress: bool | None = None,
             compression: str | None = None, tensorboard: Any = None,
             chunks: bool | int | None = None, random_seed: int = 0, stop_after: Any = None) -> Any:
-    """Run `layers` over a dataset into one array per layer in the file `to`; see torchlog.storage.extract.
+    """Run `layers` over a dataset into one array per layer in the file `to`; see torchlog.datasets.extraction.
 
     With `stop_after` (a site, as log_forward_pass takes it) each batch ends there: the
     rest of the model does not run.
@@ -77,9 +77,15 @@ def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | No
     from torchlog.export.tensorboard_events import batch_summaries  # lazily, like storage
 
     with batch_summaries(tensorboard) as on_batch:
-        return _storage().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
-                                  progress=progress, compression=compression, on_batch=on_batch,
-                                  chunks=chunks, random_seed=random_seed, stop_after=stop_after)
+        return _extraction().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
+                                     progress=progress, compression=compression, on_batch=on_batch,
+                                     chunks=chunks, random_seed=random_seed, stop_after=stop_after)
+
+
+def _extraction() -> Any:
+    from torchlog.datasets import extraction  # which reaches storage (h5py) only when it runs
+
+    return extraction
 
 
 def _storage() -> Any:

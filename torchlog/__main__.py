@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--html", default="torchlog_demo.html",
                       help="where to write the viewer page (default: %(default)s)")
     _add_file_commands(commands)
-    # Listed here; its options live with torchlog.storage, imported only when it runs (h5py).
+    # Listed here; its options live with torchlog.datasets, imported only when it runs.
     commands.add_parser("extract", help="save chosen layers over a dataset into one array per "
                         "layer, also under torchrun (see extract --help)")
     _add_view_command(commands)
@@ -42,16 +42,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _extract(argv: list[str]) -> int:
-    """`python -m torchlog extract ...`, parsed and run by torchlog.storage."""
+    """`python -m torchlog extract ...`, parsed and run by torchlog.datasets."""
     from torchlog.errors import MissingDependencyError
     from torchlog.optional import require
 
     try:
-        command = require("torchlog.storage.extract_command", "extract")  # lazily: h5py
+        require("torchlog.storage.extraction", "extract")  # h5py, checked before anything runs
     except MissingDependencyError as exc:
         print(f"torchlog: error: {exc}", file=sys.stderr)
         return 1
-    return command.main(argv)
+    from torchlog.datasets.extract_command import main
+
+    return main(argv)
 
 
 def _add_view_command(commands: argparse._SubParsersAction) -> None:

@@ -1,4 +1,5 @@
-"""Tests of storage/extraction.py and storage/arrays.py: layers over a dataset, resumable."""
+"""Tests of torchlog/datasets/extraction.py with storage/extraction.py (its HDF5 sink) and
+storage/arrays.py: layers over a dataset, resumable."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,7 +5,10 @@ the sinks of `sinks.py`); `statistics` (`stats_sink.py`) accumulates, per site, 
 over the whole dataset in memory independent of its length (`accumulate.py` per site, with
 `moments.py`, `histograms.py`, `covariances.py` and `quantile_sketch.py`), pooling the
 dimensions `reduce=` names (`reduce.py`), and returns a `Statistics` (`results.py`) that
-hands its means and principal directions to `torchlog.interventions`.
+hands its means and principal directions to `torchlog.interventions`. `torchlog.extract`
+runs here too (`extraction.py`, with `batches.py`, `extract_plan.py` and `extract_runners.py`;
+`python -m torchlog extract` in `extract_command.py`) and hands each batch's values to
+storage's HDF5 sink, reached lazily.
 """
 from torchlog.datasets.accumulate import DEFAULT_STATS
 from torchlog.datasets.covariances import covariance

@@ -94,6 +94,48 @@ class Statistics(Mapping):
     def __repr__(self) -> str:
         return f"Statistics({len(self)} sites: {list(self._sites)!r})"
 
+    def save(self, path: Any, overwrite: bool = False) -> str:
+        """Write these statistics to the HDF5 file `path` (read back with `Statistics.load`).
+
+        A site that is a selector is kept as its text, and comes back as that string. The
+        file appears whole or not at all.
+
+        Returns:
+            The path written, as str.
+
+        Raises:
+            MissingDependencyError: h5py is not installed.
+            LogFileExistsError: `path` exists and overwrite is False.
+            LogFileError: the path cannot be written.
+
+        Example:
+            >>> import os, tempfile, torch, torchlog
+            >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4))
+            >>> stats = torchlog.datasets.statistics(net, torch.randn(8, 3), ["0"], progress=False)
+            >>> path = stats.save(os.path.join(tempfile.mkdtemp(), "stats.h5"))
+            >>> torch.equal(Statistics.load(path)["0"].var, stats["0"].var)
+            True
+        """
+        store = require("torchlog.storage.statistics_file", "Statistics.save()")  # lazily: h5py
+        sites = [{"site": s.site, "count": s.count, "shape": list(s.shape), "kept": list(s.kept),
+                  "ndim": s.ndim, "dtype": s.dtype, "device": s.device, "values": s.values}
+                 for s in self._sites.values()]
+        return store.write_statistics(path, sites, [(a, b, v) for (a, b), v in self.cka.items()], overwrite)
+
+    @classmethod
+    def load(cls, path: Any) -> Statistics:
+        """The statistics `save` wrote to `path` (tensors on the CPU; each site's `device` as
+        it was saved, where `mean_ablate` and `project_out` put their values).
+
+        Raises:
+            MissingDependencyError: h5py is not installed.
+            LogFileNotFoundError, LogFileError: no such file, or not a statistics file.
+        """
+        store = require("torchlog.storage.statistics_file", "Statistics.load()")  # lazily: h5py
+        sites, cka = store.read_statistics(path)
+        found = {s["site"]: SiteStatistics(**s) for s in sites}
+        return cls(found, {(a, b): v for a, b, v in cka})
+
     def tensors(self) -> dict[Any, dict[str, torch.Tensor]]:
         """{site: {statistic: tensor}}, with `count` as a 0-d int64 tensor."""
         return {site: {"count": torch.tensor(s.count), **s.values} for site, s in self._sites.items()}

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, TorchlogError
-from torchlog.storage.extraction import extract
+from torchlog.datasets.extraction import extract
 
 __all__ = ["main", "build_parser", "run_extract", "load_factory"]
 

@@ -1,4 +1,4 @@
-"""Tests of storage/extract_plan.py and extract_runners.py: the selection resolved on the first
+"""Tests of torchlog/datasets/extract_plan.py and extract_runners.py: the selection resolved on the first
 batch's logged pass, then module hooks or a lean pass per batch, and a batch whose ops changed
 saved from its own call at the first batch's places."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.models import (
 )
 from torchlog.errors import LogFileError, OpSequenceChangedWarning
 from torchlog.sites.resolve import resolve
-from torchlog.storage.extract_plan import ExtractPlan
+from torchlog.datasets.extract_plan import ExtractPlan
 
 
 def _full(model: nn.Module, batch: torch.Tensor, entries: list, seed: int) -> dict:

@@ -43,7 +43,7 @@ from torchlog.model_state import model_kept
 from torchlog.records import NodeKind, PassRecord
 from torchlog.seeding import seeded
 from torchlog.sites.resolve import resolve
-from torchlog.storage.extract_runners import BatchValues, HookRunner, LeanRunner
+from torchlog.datasets.extract_runners import BatchValues, HookRunner, LeanRunner
 
 __all__ = ["ExtractPlan"]
 

@@ -15,7 +15,7 @@ from torchlog.history import all_passes
 from torchlog.model_state import model_kept
 from torchlog.seeding import seeded
 from torchlog.errors import OpSequenceChangedWarning
-from torchlog.storage.extract_plan import ExtractPlan, _lean_kind, _lean_runner
+from torchlog.datasets.extract_plan import ExtractPlan, _lean_kind, _lean_runner
 
 NUM_BATCHES, BATCH = 5, 4
 

@@ -1,4 +1,4 @@
-"""Tests of storage/extract_command.py: `python -m torchlog extract` in one process, and its bad input."""
+"""Tests of torchlog/datasets/extract_command.py: `python -m torchlog extract` in one process, and its bad input."""
 from __future__ import annotations
 
 from pathlib import Path
