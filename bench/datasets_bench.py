@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torchlog  # noqa: E402
-from round_robin import bench_models, measure  # noqa: E402
+from round_robin import bench_models, measure, report  # noqa: E402
 from provenance import cpu_model, provenance, provenance_line  # noqa: E402
 
 SITE = "transformer.h.3"
@@ -156,10 +156,7 @@ def main() -> None:
              "GPT-2 (6 layers, hidden 256), reduce='tokens'"]
     lines += _throughput_rows(model, args.batches, args.rounds)
     lines += _memory_rows(args.batches)
-    text = "\n".join(lines)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torchlog  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
-from round_robin import bench_models, measure  # noqa: E402
+from round_robin import bench_models, measure, report  # noqa: E402
 from provenance import cpu_model, provenance  # noqa: E402
 from torchlog.interventions import add  # noqa: E402
 
@@ -85,10 +85,7 @@ def main() -> None:
              f"{NEW_TOKENS} new tokens"]
     for variant, value in medians.items():
         lines.append(f"  {variant:<45} {value * 1e3:9.1f} ms   x{value / base:.2f}")
-    text = "\n".join(lines)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torchlog  # noqa: E402
-from round_robin import bench_models, measure  # noqa: E402
+from round_robin import bench_models, measure, report  # noqa: E402
 from provenance import cpu_model, provenance, provenance_line  # noqa: E402
 from torchlog import select  # noqa: E402
 from torchlog.interventions import scale  # noqa: E402
@@ -138,10 +138,7 @@ def main() -> None:
         lines += _recurrent_rows(recurrent, series, args.rounds)
         lines.append("Model calls per log_forward_pass call, GPT-2 (6 layers), no kept probe")
         lines += _calls_rows(gpt2, ids)
-    text = "\n".join(lines)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

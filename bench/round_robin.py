@@ -37,3 +37,11 @@ def measure(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, fl
             times[name].append(time.process_time() - start)
             del result
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def report(lines: list[str], out: Path | None) -> None:
+    """Print a bench's lines, and write them to `out` when given (its result file)."""
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.write_text(text + "\n")
