@@ -1,6 +1,7 @@
 """`torchlog.run`: a model's output under interventions, at the cost of a hooked forward, with no log."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -11,7 +12,7 @@ from torchlog.arguments import Request, positional_args, prepare
 from torchlog.capture import FiringRecord, run_lean
 from torchlog.errors import InterventionError, InvalidOptionError
 from torchlog.interventions.records import InterventionRecord, part_of
-from torchlog.model_state import eager_submodules, model_kept
+from torchlog.model_state import eager_submodules, has_compiled, model_kept
 from torchlog.options import LogOptions
 from torchlog.seeding import new_seed, seeded
 
@@ -103,14 +104,16 @@ class Runner:
         """Run the model on these inputs under the prepared sites; see `torchlog.run`."""
         if self._first is None:
             request = self._first = prepare(self.model, input_args, input_kwargs, self.options)
+            # Whether a submodule is compiled is read once: the walk costs a step of a decode loop.
+            self._eager = has_compiled(request.named_modules)
         else:
             seed = new_seed() if self.options.random_seed is None else self.options.random_seed
             request = replace(self._first, args=positional_args(self.model, input_args),
                               kwargs={} if input_kwargs is None else input_kwargs, seed=seed)
-        return _run_request(request)
+        return _run_request(request, self._eager)
 
 
-def _run_request(request: Request) -> RunResult:
+def _run_request(request: Request, eager: bool = True) -> RunResult:
     """One run of a prepared request: on a kept or new probe where a site needs one."""
     planner = request.acting
     for attempt in range(2):
@@ -120,7 +123,7 @@ def _run_request(request: Request) -> RunResult:
             probe, _ = probe_for(request, fresh=attempt > 0, guess_stop=attempt == 0)
         try:
             plan = planner.first_plan() if probe is None else planner.plan(probe)
-            seen = _lean(request, plan)
+            seen = _lean(request, plan, eager)
         except InterventionError as error:
             guessed_wrong = probe is not None and probe.stopped_at is not None and not attempt
             if not guessed_wrong and (probe is None or attempt or not getattr(error, "torchlog_ops_changed", False)):
@@ -132,10 +135,11 @@ def _run_request(request: Request) -> RunResult:
     raise AssertionError("unreachable")
 
 
-def _lean(request: Request, plan: Any) -> Any:
+def _lean(request: Request, plan: Any, eager: bool = True) -> Any:
     """One lean pass of the request's model under `plan`, seeded, with its state kept."""
     with seeded(request.seed, numpy=request.options.random_seed is not None), \
-            model_kept(request.named_modules), eager_submodules(request.named_modules):
+            model_kept(request.named_modules), \
+            (eager_submodules(request.named_modules) if eager else contextlib.nullcontext()):
         return run_lean(request.model, request.args, request.kwargs, {}, plan=plan,
                         named_modules=request.named_modules, count=False)
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["compiled_text", "eager_submodules", "is_compiled", "model_kept"]
+__all__ = ["compiled_text", "eager_submodules", "has_compiled", "is_compiled", "model_kept"]
 
 
 def compiled_text(model: Any, named_modules: list | None = None) -> str | None:
@@ -33,9 +33,14 @@ def eager_submodules(named_modules: list) -> contextlib.AbstractContextManager:
 
     The stance is global to the process, so it is only set for models that need it.
     """
-    if "torch._dynamo.eval_frame" not in sys.modules or not any(is_compiled(m) for _, m in named_modules):
+    if not has_compiled(named_modules):
         return contextlib.nullcontext()
     return torch.compiler.set_stance("force_eager")
+
+
+def has_compiled(named_modules: list) -> bool:
+    """Whether a submodule is torch.compile's wrapper (never true before dynamo is imported)."""
+    return "torch._dynamo.eval_frame" in sys.modules and any(is_compiled(m) for _, m in named_modules)
 
 
 def is_compiled(model: Any) -> bool:
