@@ -12,7 +12,7 @@ from torchlog.capture.lean import Place, call_names, run_lean
 from torchlog.capture.module_outputs import ModulePass, ModuleWatcher
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
-from torchlog.capture.ops import describe
+from torchlog.capture.ops import UNDEFINED_VALUES, describe
 from torchlog.capture.options import CaptureOptions, Plugin
 from torchlog.capture.plan import (Act, ExitRule, Firing, FiringRecord, OpPlan, OpRule, OpView, StopCapture,
                                    out_of_order, outputs_missing, run_action, substitute)
@@ -33,7 +33,7 @@ __all__ = [
     "ModuleWatcher", "ModulePass",
     # facts capture records, and helpers for re-running an op as it ran
     "FUNCTIONAL_KEY", "OP_CONTEXT_KEY", "site_text", "find_tensors", "describe", "rng_restored",
-    "returns_nothing_but_writes",
+    "returns_nothing_but_writes", "UNDEFINED_VALUES",
 ]
 
 

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 
 # The recorder's own rules for which calls are ops: the lean count must match its call_id.
-from torchlog.capture.ops import DESCRIPTIONS, collapse, describe, output_tensors
+from torchlog.capture.ops import DESCRIPTIONS, UNDEFINED_VALUES, collapse, describe, output_tensors
 from torchlog.capture.module_acts import ExitActs, exit_refusal
 from torchlog.capture.plan import (Firing, FiringRecord, OpPlan, OpView, StopCapture, deliver, first_difference,
                                    is_written, run_action)
@@ -160,7 +160,7 @@ class _LeanMode(TorchFunctionMode):
         if self.count == self.stop_call:
             raise StopCapture()
         stop_on = self.plan.stop_on
-        if stop_on is not None:
+        if stop_on is not None and describe(func).name not in UNDEFINED_VALUES:
             with torch._C.DisableTorchFunction():  # the test's own ops are not the model's
                 if any(stop_on(t) for t in outs):
                     raise StopCapture()

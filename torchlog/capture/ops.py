@@ -19,7 +19,7 @@ from torchlog.capture.functionals import expandable_body
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.writes import DATA_SET, SETITEM, returns_nothing_but_writes
 
-__all__ = ["PASS_THROUGH", "OpDescription", "collapse", "describe", "output_tensors"]
+__all__ = ["PASS_THROUGH", "UNDEFINED_VALUES", "OpDescription", "collapse", "describe", "output_tensors"]
 
 # Calls that never produce a node: metadata reads (answered without scanning arguments)
 # and tensor-returning calls that change bookkeeping, not values.
@@ -37,6 +37,10 @@ _INPLACE_DUNDERS = frozenset(
 )
 # Results that are never tensors: a call returning one of these records nothing.
 _PLAIN = (bool, int, float, torch.Size, torch.dtype, str)
+
+# Factories of uninitialised memory: their values are whatever the allocator left there, so no
+# run reproduces them and no watch (stop_on) reads them (a NaN there is garbage, not a result).
+UNDEFINED_VALUES = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
 
 
 class OpDescription(NamedTuple):

@@ -26,7 +26,7 @@ from torchlog.labels import layer_type_of
 from torchlog.capture.profile import OpProfiler
 from torchlog.capture.rng import rng_state
 from torchlog.capture.transfer import DeviceCopier
-from torchlog.capture.ops import DESCRIPTIONS, PASS_THROUGH, collapse, describe, output_tensors
+from torchlog.capture.ops import DESCRIPTIONS, PASS_THROUGH, UNDEFINED_VALUES, collapse, describe, output_tensors
 from torchlog.capture.writes import DATA_SET, SETITEM
 from torchlog.records import ParamInfo, TensorMeta
 
@@ -899,7 +899,7 @@ class Recorder:
                 self._check_ops(stop, stop, self.nodes[stop].func_name)
             self.stopped_at = stop
             raise StopCapture()
-        if plan.stop_on is not None:
+        if plan.stop_on is not None and describe(func).name not in UNDEFINED_VALUES:
             with torch._C.DisableTorchFunction():  # the test's own ops are not the model's
                 due = any(plan.stop_on(t) for t, _ in output_tensors(func, args, out))
             if due:

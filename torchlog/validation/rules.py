@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from torchlog.capture import UNDEFINED_VALUES
 from torchlog.records import PassRecord
 from torchlog.rerun import SETITEM, is_continuous, replaced
 
@@ -37,7 +38,6 @@ _PRODUCTS = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__"})
 # Norms taking (input, running_mean, running_var, weight, bias, use_batch_stats, ...).
 _NORMS = frozenset({"batch_norm", "instance_norm"})
 # Ops whose values are undefined (uninitialised memory): nothing to replay.
-UNDEFINED_VALUES = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
 
 
 def ignores_parent_values(record: PassRecord, label: str, values: dict[str, Any],

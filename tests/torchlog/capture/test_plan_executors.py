@@ -13,7 +13,7 @@ from torch import nn
 import torchlog
 from tests.models import TINY_MODELS
 from torchlog.capture import CaptureOptions, run_captured
-from torchlog.capture.lean import run_lean
+from torchlog.capture.lean import call_names, run_lean
 from torchlog.capture.plan import Act, OpPlan
 from torchlog.history import all_passes
 from torchlog.interventions import add, replace_with, scale, zero_ablate
@@ -105,3 +105,27 @@ def test_the_lean_capture_and_the_recorder_act_on_the_same_op_of_every_tiny_mode
                 if isinstance(t, torch.Tensor)]
     for a, b in zip(outputs, returned):
         assert torch.allclose(a, b, equal_nan=True), name
+
+
+class StartsEmpty(nn.Module):
+    """Fills uninitialised memory: whatever `torch.empty` holds (a NaN, at times) is no result."""
+
+    def forward(self, x):
+        c = torch.empty(3)
+        torch.add(x, 1, out=c)
+        return c * 2
+
+
+@pytest.mark.parametrize("executor", ["recorder", "lean"])
+def test_a_watch_never_stops_at_uninitialised_memory(executor) -> None:
+    """A watch that accepts every value stops at the first op after `torch.empty`: what the
+    allocator left there is never where a NaN came from (find_nonfinite stopped there when
+    the memory held one, at random)."""
+    plan = OpPlan(stop_on=lambda t: True)
+    model, x = StartsEmpty(), torch.ones(3)
+    if executor == "recorder":
+        captured = run_captured(model, (x,), {}, CaptureOptions(plan=plan), list(model.named_modules()))
+        assert captured.failure is None and captured.nodes[captured.stopped_at].func_name == "add"
+    else:
+        seen = run_lean(model, (x,), {}, {}, plan=plan)
+        assert seen.stopped and call_names(seen.calls) == ["empty", "add"]
