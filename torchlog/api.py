@@ -125,8 +125,8 @@ def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistor
     # on the finished history); a sink streams what it is given, so it gets no guesses.
     # A kept probe for this input signature makes guessing needless: the exact plan runs once,
     # and a plain list of values is served by the lean capture (served.py).
-    key = signature(request.model, request.named_modules, request.args, request.kwargs)
-    probe = PROBES.get(request.model, key) if planner.guesses else None
+    key = signature(request.model, request.named_modules, request.args, request.kwargs) if planner.guesses else None
+    probe = PROBES.get(request.model, key) if key is not None else None
     kept = probe is not None
     if kept and gradient_sink is None and can_serve(request):
         history = served_history(request, probe, started)

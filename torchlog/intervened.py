@@ -150,8 +150,8 @@ def _record(fired: FiringRecord) -> InterventionRecord:
         where = firing.label
     elif firing.module_call is not None:
         where = f"{firing.module_call[0]}:{firing.module_call[1]}"
-    else:
-        where = f"{firing.func_name} in {firing.module_call or 'the model'}"
+    else:  # an op selector in the lean capture: no labels without a log
+        where = firing.func_name
     return InterventionRecord(firing.site, where, fired.action, float(fired.max_abs_change),
                               firing.op_index, fired.number, part=part_of(firing))
 

@@ -111,7 +111,8 @@ class ExitActs:
         rules = [r for r in self.plan.at_exits.get(call[0], ()) if r.call is None or r.call == call[1]]
         if not rules:
             return output
-        tensors = [t for t, _ in find_tensors(output)]
+        # Numbered as the recorder numbers a call's outputs: parameters returned as they are left out.
+        tensors = [t for t, _ in find_tensors(output) if not isinstance(t, nn.Parameter)]
         for output_index in sorted({r.output for r in rules}):
             acts = sorted((r.act for r in rules if r.output == output_index), key=lambda a: a.number)
             if output_index >= len(tensors):

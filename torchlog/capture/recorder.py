@@ -789,7 +789,7 @@ class Recorder:
                 output = self._act_on_output(call, output, returned, output_index, rules)
         saves = plan.save_exits.get(call[0]) if plan.save_exits else None
         if saves is not None and (not saves or call[1] in saves):
-            for index, (t, _) in zip(returned, find_tensors(output)):
+            for index, t in zip(returned, self._returned_tensors(output)):
                 node = self.nodes[index]
                 if node.saved is None:
                     self._maybe_save(node, t, force=True)
@@ -814,7 +814,7 @@ class Recorder:
         if not acts:
             return output
         self._check_order(acts, index, call)
-        old = find_tensors(output)[output_index][0]
+        old = self._returned_tensors(output)[output_index]
         new = old
         shape = (output_index, len(returned))
         for act in acts:
@@ -825,6 +825,12 @@ class Recorder:
                                                             type(output).__name__)))
         self._adopt(node, new)
         return replaced
+
+    def _returned_tensors(self, output: Any) -> list[torch.Tensor]:
+        """The tensors of a module's output that `_exit` numbered, in order: every one but a
+        parameter no op made (which `_exit` leaves out of the call's outputs)."""
+        producer, params = self.producer, self.param_info
+        return [t for t, _ in find_tensors(output) if id(t) in producer or id(t) not in params]
 
     def _check_order(self, acts: list[Act], index: int, call: tuple[str, int]) -> None:
         """Refuse exit actions listed before an action that already changed the same value

@@ -233,3 +233,38 @@ def test_patch_from_copies_the_same_output_or_input_of_the_other_run() -> None:
     want = _pre_hooked(model, model.block, lambda v: 2 * clean + 30 * clean, corrupted)
     got = torchlog.log_forward_pass(model, corrupted, intervene={select.module_input("block"): patch_from(source)})
     torch.testing.assert_close(got[-1].tensor_contents, want)
+
+
+class ReturnsItsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc.weight, self.fc(x)
+
+
+class ReadsBoth(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = ReturnsItsWeight()
+
+    def forward(self, x):
+        weight, y = self.inner(x)
+        return y * 2 + weight.sum()
+
+
+def test_a_returned_parameter_is_not_one_of_the_outputs_a_module_site_numbers() -> None:
+    """A module's outputs are numbered without the parameters it returns as they are (they are
+    no pass of the call): output 0 is the linear's result in the recorder, the module hooks
+    and layers_to_save alike, never the weight."""
+    torch.manual_seed(0)
+    model, x = ReadsBoth(), torch.ones(1, 3)
+    want = _hooked(model, model.inner, lambda out: (out[0], out[1] * 3), x)
+    site = {select.module("inner", output=0): scale(3.0)}
+    logged = torchlog.log_forward_pass(model, x, intervene=site)
+    torch.testing.assert_close(logged[-1].tensor_contents, want)
+    assert logged.interventions[0].part == "output 0 of 1"
+    torch.testing.assert_close(torchlog.run(model, x, intervene=site).output, want)
+    saved = torchlog.log_forward_pass(model, x, layers_to_save=["inner"])
+    assert torch.equal(saved[saved.layer_labels[0]].tensor_contents, model.inner.fc(x))

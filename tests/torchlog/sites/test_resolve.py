@@ -126,18 +126,25 @@ def test_none_saves_nothing_in_one_pass() -> None:
     assert calls == [1] and len(history) == 14 and history.num_saved == 0
 
 
+class Noisy(nn.Module):
+    """Adds fresh noise on each call and keeps every draw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draws: list[torch.Tensor] = []
+
+    def forward(self, x):
+        noise = torch.rand_like(x)
+        self.draws.append(noise)
+        return x + noise
+
+
 def test_a_list_runs_the_model_once() -> None:
     """Entries no rule decides while the pass runs (a substring) save everything in that one
     pass, and the history keeps exactly what they name."""
-    draws = []
-
-    class Noisy(nn.Module):
-        def forward(self, x):
-            noise = torch.rand_like(x)
-            draws.append(noise)
-            return x + noise
-
-    history = torchlog.log_forward_pass(Noisy(), torch.zeros(3), layers_to_save=["add"])
+    model = Noisy()
+    history = torchlog.log_forward_pass(model, torch.zeros(3), layers_to_save=["add"])
+    draws = model.draws
     assert len(draws) == 1
     assert history.layer_labels == ["add_1_2"]
     assert torch.equal(history["add_1_2"].tensor_contents, draws[0])
@@ -147,16 +154,10 @@ def test_a_streamed_list_runs_the_model_twice_with_one_seed(tmp_path) -> None:
     """With save_to, what is saved is written as the pass runs: a list no rule decides is
     resolved on a probe first, run with the same seed."""
     pytest.importorskip("h5py")
-    draws = []
-
-    class Noisy(nn.Module):
-        def forward(self, x):
-            noise = torch.rand_like(x)
-            draws.append(noise)
-            return x + noise
-
-    history = torchlog.log_forward_pass(Noisy(), torch.zeros(3), layers_to_save=["add"],
+    model = Noisy()
+    history = torchlog.log_forward_pass(model, torch.zeros(3), layers_to_save=["add"],
                                         save_to=str(tmp_path / "noisy.h5"))
+    draws = model.draws
     assert len(draws) == 2 and torch.equal(draws[0], draws[1])
     assert torch.equal(history["add_1_2"].tensor_contents, draws[1])
 
