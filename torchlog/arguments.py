@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import weakref
 import warnings
 from dataclasses import dataclass, field
@@ -141,7 +142,9 @@ _forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _forward(model: nn.Module) -> _Forward | None:
     forward = model.forward
-    func = getattr(forward, "__func__", None)
+    # A bound method is read by its function; a plain function set on the instance (a
+    # wrapper such as generation's step logger) by itself.
+    func = getattr(forward, "__func__", forward if isinstance(forward, types.FunctionType) else None)
     entry = _forwards.get(func) if func is not None else None
     if entry is None:
         try:

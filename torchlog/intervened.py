@@ -100,6 +100,13 @@ class Runner:
                                   random_seed=random_seed)
         self._first: Request | None = None
 
+    @property
+    def runs_once(self) -> bool:
+        """Whether a call runs the model exactly once (no probe for label sites); False
+        until the first call has prepared the sites."""
+        acting = None if self._first is None else self._first.acting
+        return acting is not None and not (acting.needs_probe or acting.guesses)
+
     def __call__(self, input_args: Any, input_kwargs: dict[str, Any] | None = None) -> RunResult:
         """Run the model on these inputs under the prepared sites; see `torchlog.run`."""
         if self._first is None:

@@ -97,7 +97,12 @@ def run_generation(model: nn.Module, input_ids: torch.Tensor, *, intervene: Any,
         runner_now = fixed if fixed is not None else Runner(model, intervene=spelled)
         return runner_now(args, kwargs).interventions
 
-    logger = StepLogger(model, run_step)
+    def runs_once(step: int) -> bool:  # a plain call, or module sites acted on by hooks alone
+        if steps is not None and step not in steps:
+            return True
+        return fixed is not None and fixed.runs_once
+
+    logger = StepLogger(model, run_step, runs_once)
 
     def result(output: Any, sequences: torch.Tensor | None) -> GenerationRun:
         fired = tuple(StepIntervention(k, record) for k, step in enumerate(logger.steps) for record in step.result)

@@ -39,10 +39,14 @@ class StepLogger:
         model: the model whose calls are steps.
         run_step: runs step k, calling the model with its arguments at least once, and
             returns what the step keeps (`LoggedStep.result`).
+        runs_once: whether step k will call the model exactly once (then its arguments
+            are not snapshotted: nothing runs after the run that could read them); None
+            for every step maybe more than once. A second run of such a step raises.
     """
 
-    def __init__(self, model: nn.Module, run_step: Callable[[list, dict[str, Any], int], Any]) -> None:
-        self.model, self.run_step = model, run_step
+    def __init__(self, model: nn.Module, run_step: Callable[[list, dict[str, Any], int], Any],
+                 runs_once: Callable[[int], bool] | None = None) -> None:
+        self.model, self.run_step, self.runs_once = model, run_step, runs_once
         self.steps: list[LoggedStep] = []
         self._original = model.forward  # the bound forward (or the user's own instance attribute)
         self._had_own = "forward" in vars(model)
@@ -50,6 +54,7 @@ class StepLogger:
         self._before: ArgumentState | None = None  # the arguments as the step was given them
         self._after: ArgumentState | None = None  # as the step's last run left them
         self._written: torch.Tensor | None = None  # a given tensor a run wrote into
+        self._runs = 0  # runs of the model in the current step
         self._output: Any = None
 
     def __enter__(self) -> StepLogger:
@@ -68,7 +73,9 @@ class StepLogger:
 
     def _step(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Run one call as the next step and return what forward returned."""
-        self._before, self._after, self._written = ArgumentState(args, kwargs), None, None
+        once = self.runs_once is not None and self.runs_once(len(self.steps))
+        self._before = None if once else ArgumentState(args, kwargs)
+        self._after, self._written, self._runs = None, None, 0
         self._inside = True
         try:
             result = self.run_step(list(args), kwargs, len(self.steps))
@@ -88,6 +95,12 @@ class StepLogger:
         Raises:
             GenerationError: a second run, when the first wrote into a tensor it was given.
         """
+        self._runs += 1
+        if self._before is None:  # a step said to run once: no snapshot to restore
+            if self._runs > 1:
+                raise GenerationError(f"step {len(self.steps)} was to call the model once and called it again")
+            self._output = self._original(*args, **kwargs)
+            return self._output
         if self._written is not None:
             raise GenerationError(
                 f"a step wrote into a tensor of shape {tuple(self._written.shape)} it was given (a "

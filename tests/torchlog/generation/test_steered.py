@@ -61,3 +61,30 @@ def test_a_site_that_acts_nowhere_is_an_error_with_the_steps_done(gpt2) -> None:
         run_generation(model, prompt, intervene={"transformer.h.9": add(vector)}, max_new_tokens=3)
     assert caught.value.torchlog_generation.num_steps == 0
     assert "forward" not in vars(model)
+
+
+def test_steps_at_module_sites_take_no_argument_snapshot_and_a_second_run_is_refused(gpt2, monkeypatch) -> None:
+    """A step acted on by module hooks alone runs the model once, so the KV cache it is given
+    is not walked; a step said to run once that calls the model again is an error, not a
+    run on a cache the first call already appended to."""
+    from torchlog.errors import GenerationError
+    from torchlog.generation import stepping
+
+    model, prompt, vector = gpt2
+    taken, snapshot = [], stepping.ArgumentState
+    monkeypatch.setattr(stepping, "ArgumentState", lambda *a: taken.append(a) or snapshot(*a))
+    run_generation(model, prompt, intervene={BLOCK: add(vector)}, max_new_tokens=4, do_sample=False)
+    # Only the first step, which prepares the sites, is snapshotted (before and after its run).
+    assert [args[1]["input_ids"].shape[1] for args in taken] == [prompt.shape[1]] * 2
+    taken.clear()
+    run_generation(model, prompt, intervene={-2: add(torch.zeros(100))}, max_new_tokens=2, do_sample=False)
+    assert len(taken) >= 4  # a label site found on a probe: two runs a step, the cache put back between
+
+    def twice(args: list, kwargs: dict, step: int) -> tuple:
+        model(*args, **kwargs)
+        model(*args, **kwargs)
+        return ()
+    with pytest.raises(GenerationError, match="step 0 was to call the model once and called it again"):
+        with stepping.StepLogger(model, twice, lambda step: True):
+            model.generate(prompt, max_new_tokens=1, do_sample=False)
+    assert "forward" not in vars(model)
