@@ -9,7 +9,7 @@ import torch
 from torchlog.comparison.magnitudes import Magnitude, magnitudes
 from torchlog.comparison.tolerances import Tolerance
 
-__all__ = ["Difference", "Reference", "difference", "working_dtype", "SAME"]
+__all__ = ["Difference", "Reference", "difference", "fills", "working_dtype", "SAME"]
 
 
 class Difference(NamedTuple):
@@ -17,7 +17,11 @@ class Difference(NamedTuple):
     underflow (see `torchlog.comparison.magnitudes`): a value holding finfo.min has a norm.
 
     Differences are taken where both values are finite; NaN and Inf must sit at the same
-    places with the same sign, or every figure is inf (cosine NaN).
+    places with the same sign, or every figure is inf (cosine NaN). A mask's fills (each
+    value's own dtype's finfo.min or finfo.max, as an additive attention mask holds them)
+    at the same places with the same signs are left out of every figure, `max |a|`
+    included, so a masked add is judged by its other values; fills at other places are
+    values like any other (a mask that moved differs by about finfo.max).
     """
 
     max_abs: float  # max |a - b|
@@ -64,16 +68,20 @@ class Reference:
     its norm are worked out once, for the first value compared with it.
     """
 
-    __slots__ = ("value", "_work", "_figures")
+    __slots__ = ("value", "_work", "_figures", "_fills")
 
     def __init__(self, value: torch.Tensor) -> None:
         self.value = value.detach()
         self._work: tuple[torch.dtype, torch.Tensor] | None = None
-        self._figures: Magnitude | None = None  # of that conversion
+        self._figures: Magnitude | None = None  # of that conversion (of its values but fills)
+        self._fills: torch.Tensor | None = None  # where it holds a mask's fills, once it was seen to
 
     @property
     def peak(self) -> float | None:
-        """max |value|, once a value that differs from it was compared; else None."""
+        """max |value| (a mask's fills included), once a value that differs from it was
+        compared; else None."""
+        if self._fills is not None:
+            return _fill_size(self.value.dtype)
         return None if self._figures is None else self._figures.peak
 
     def difference(self, b: torch.Tensor) -> Difference:
@@ -93,8 +101,37 @@ class Reference:
         if self._work is None or self._work[0] != work:
             self._work, self._figures = (work, a.to(work)), None  # any layout: no flat copy needed
         x, y = self._work[1], b.to(work)
+        if self._fills is None:
+            found, self._figures = _figures(x, y, self._figures)
+            # A fill is the largest finite size there is: only a peak at it (or, with a NaN
+            # or Inf hiding the peak, a look) can reveal one.
+            holds = self._figures.peak == _fill_size(a.dtype) if found is not None else bool(fills(a).any())
+            if not holds:  # the usual case
+                return found if found is not None else _nonfinite_figures(x, y)
+            self._fills, self._figures = fills(a), None  # left out from now on
+        if not torch.equal(fills(b), self._fills):  # a mask at other places, or of the other sign:
+            found, _ = _figures(x, y, None)  # the figures of every value, fills and all
+            return found if found is not None else _nonfinite_figures(x, y)
+        kept = self._fills == 0
+        if not bool(kept.any()):
+            return SAME
+        x, y = x[kept], y[kept]
         found, self._figures = _figures(x, y, self._figures)
         return found if found is not None else _nonfinite_figures(x, y)
+
+
+def fills(t: torch.Tensor) -> torch.Tensor:
+    """Where `t` holds its dtype's finfo.max (1) or finfo.min (-1), as a mask fills the places
+    it hides; 0 elsewhere (and everywhere for integers)."""
+    if not t.dtype.is_floating_point:
+        return torch.zeros(t.shape, dtype=torch.int8, device=t.device)
+    info = torch.finfo(t.dtype)
+    return (t == info.max).to(torch.int8) - (t == info.min).to(torch.int8)
+
+
+def _fill_size(dtype: torch.dtype) -> float:
+    """|fill| of a float dtype (its finfo.max), NaN for others (equal to no peak)."""
+    return float(torch.finfo(dtype).max) if dtype.is_floating_point else math.nan
 
 
 def working_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:

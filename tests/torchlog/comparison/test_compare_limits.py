@@ -25,6 +25,11 @@ def numpy_figures(a: torch.Tensor, b: torch.Tensor) -> Difference:
     through an exact float32 upcast)."""
     x = a.detach().float().numpy().astype(np.float64).ravel()
     y = b.detach().float().numpy().astype(np.float64).ravel()
+    # A mask's fills (each dtype's own finfo.max, signed) at the same places are left out.
+    fill_x, fill_y = (np.sign(v) * (np.abs(v) == float(torch.finfo(t.dtype).max)) if t.is_floating_point()
+                      else np.zeros_like(v) for v, t in ((x, a), (y, b)))
+    if fill_x.any() and np.array_equal(fill_x, fill_y):
+        x, y = x[fill_x == 0], y[fill_x == 0]
     d = x - y
     if d.size == 0:
         return Difference(0.0, 0.0, 0.0, 1.0)
@@ -249,3 +254,38 @@ def test_local_error_casts_a_float32_mask_to_bfloat16s_lowest_value_not_inf() ->
     assert torch.isfinite(rerun).all() and add.local is not None
     assert_figures(add.local, numpy_figures(a["add_1_3"].tensor_contents, rerun))
     assert add.adds_error is False  # bfloat16's rounding, within its tolerance
+
+
+class MaskedSoftmax(nn.Module):
+    """Scores, an additive mask holding float32's lowest value, and a softmax over them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.fc(x) + torch.tensor([0.0, 0.0, FMIN]), dim=-1)
+
+
+def test_a_masked_add_is_judged_by_its_unmasked_values() -> None:
+    """The mask's fills sit at the same places in both runs and are left out of the figures,
+    max |a| included: scores moved by 0.05 make the add differ (before, its scale was
+    finfo.max and it matched under any rtol), and the softmax after it is no origin."""
+    torch.manual_seed(0)
+    model, x = MaskedSoftmax(), torch.randn(4, 3)
+    a = torchlog.log_forward_pass(model, x)
+    with torch.no_grad():
+        model.fc.bias += 0.05
+    b = torchlog.log_forward_pass(model, x)
+    comparison = torchlog.compare(a, b)
+    add = comparison["add_1_3"]
+    scores = a["linear_1_1"].tensor_contents[:, :2]
+    assert add.status == Status.DIFFERS
+    assert add.diff.max_abs == pytest.approx(0.05, rel=1e-4)
+    assert add.diff.max_rel == pytest.approx(0.05 / float(scores.abs().max()), rel=1e-4)
+    assert_figures(add.diff, numpy_figures(a["add_1_3"].tensor_contents, b["add_1_3"].tensor_contents))
+    assert [row.label_a for row in comparison.origins] == ["linear_1_1"]
+    # A mask that moved is a difference of about finfo.max, not a place left out.
+    moved = torch.tensor([[0.0, FMIN, 0.0]])
+    found = difference(torch.tensor([[0.0, 0.0, FMIN]]), moved)
+    assert found.max_abs == pytest.approx(-FMIN) and found.max_rel == pytest.approx(1.0)
