@@ -129,7 +129,11 @@ def _log(request: Request, gradient_sink: Callable | None = None) -> ModelHistor
     probe = PROBES.get(request.model, key) if key is not None else None
     kept = probe is not None
     if kept and gradient_sink is None and can_serve(request):
-        history = served_history(request, probe, started)
+        # After misses in a row the model's ops change from call to call: log it in full at once.
+        servable = PROBES.servable(request.model, key)
+        history = served_history(request, probe, started) if servable else None
+        if servable:
+            PROBES.served(request.model, key, matched=history is not None)
         if history is not None:
             return history
         PROBES.drop(key)  # the model no longer runs the kept probe's ops: a pass of its own

@@ -120,3 +120,46 @@ def test_values_that_need_their_graph_are_logged_in_full(served_calls) -> None:
     history = torchlog.log_forward_pass(model, x, layers_to_save=["fc2"])  # grad mode on
     assert served_calls == []
     assert history[history.layer_labels[0]].tensor_contents.grad_fn is not None
+
+
+def test_a_model_whose_ops_change_at_every_call_stops_being_served_after_two_misses(served_calls) -> None:
+    """Each miss costs a lean pass and the full one; after two in a row the signature is
+    logged in full at once, so the model runs once per call again (counted by a pre-hook)."""
+    class Alternating(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            out = super().forward(x)
+            return torch.sigmoid(out) if self.calls % 2 else torch.exp(out)
+
+    torch.manual_seed(0)
+    model, x = Alternating(), torch.rand(3, 4)
+    PROBES.drop_model(model)
+    runs = []
+    handle = model.register_forward_pre_hook(lambda module, args: runs.append(1))
+    try:
+        with torch.no_grad():
+            histories = []
+            for _ in range(5):
+                runs.clear()
+                history = torchlog.log_forward_pass(model, x, layers_to_save=["fc2"])
+                histories.append((history, len(runs), model.calls))
+    finally:
+        handle.remove()
+    assert served_calls == [False, False]
+    assert [count for _, count, _ in histories] == [1, 2, 2, 1, 1]
+    for history, _, calls in histories:  # each history is of the call's last run (a full pass)
+        last = {p.func_name for p in all_passes(history)} & {"exp", "sigmoid"}
+        assert last == {"sigmoid" if calls % 2 else "exp"}, calls
+    # A match starts the count again: the model that changed once is served as before.
+    model.calls = 0
+    PROBES.drop_model(model)
+    model.forward = lambda x: Net.forward(model, x)  # the same ops at every call from now on
+    with torch.no_grad():
+        for _ in range(4):
+            torchlog.log_forward_pass(model, x, layers_to_save=["fc2"])
+    vars(model).pop("forward")
+    assert served_calls == [False, False, True, True, True]

@@ -43,9 +43,15 @@ class ProbeCache:
     by the plan's check, and the API drops the probe and probes again.
     """
 
+    # Served passes (torchlog/served.py) that in a row ran other ops than the kept probe,
+    # after which a signature is logged in full without trying: a model whose ops change at
+    # every call would otherwise run twice per call.
+    MAX_MISSES = 2
+
     def __init__(self, size: int = 8) -> None:
         self.size = size
         self._probes: OrderedDict[tuple, tuple[weakref.ref, ModelHistory]] = OrderedDict()
+        self._misses: dict[tuple, tuple[weakref.ref, int]] = {}  # key -> (model, misses in a row)
 
     def get(self, model: nn.Module, key: tuple) -> ModelHistory | None:
         found = self._probes.get(key)
@@ -63,10 +69,29 @@ class ProbeCache:
     def drop(self, key: tuple) -> None:
         self._probes.pop(key, None)
 
+    def servable(self, model: nn.Module, key: tuple) -> bool:
+        """Whether a served pass is still worth trying for this model and signature."""
+        found = self._misses.get(key)
+        return found is None or found[0]() is not model or found[1] < self.MAX_MISSES
+
+    def served(self, model: nn.Module, key: tuple, matched: bool) -> None:
+        """Note whether a served pass made the kept probe's calls (a miss counts, a match
+        starts the count again)."""
+        if matched:
+            self._misses.pop(key, None)
+            return
+        found = self._misses.get(key)
+        misses = found[1] if found is not None and found[0]() is model else 0
+        self._misses[key] = (weakref.ref(model), misses + 1)
+        if len(self._misses) > 4 * self.size:  # forget the oldest (dicts keep insertion order)
+            del self._misses[next(iter(self._misses))]
+
     def drop_model(self, model: nn.Module) -> None:
         """Forget every probe of `model` (after changing it in a way its signature misses)."""
         for key in [k for k, (ref, _) in self._probes.items() if ref() is model or k[0] == id(model)]:
             del self._probes[key]
+        for key in [k for k, (ref, _) in self._misses.items() if ref() is model or k[0] == id(model)]:
+            del self._misses[key]
 
 
 PROBES = ProbeCache()
