@@ -25,8 +25,9 @@ from torchlog.vis.viewer.outputs import call_outputs
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
-__all__ = ["MIN_HEIGHT_PX", "MODES", "READABLE_NODES", "ViewerPage", "count_nodes", "default_view", "page_html",
-           "page_node_count", "show", "to_html", "viewer_script"]
+__all__ = ["MIN_HEIGHT_PX", "MODES", "READABLE_NODES", "ViewerPage", "ascii_html", "asset_text", "check_history",
+           "check_mode", "count_nodes", "default_view", "fill_page", "page_html", "page_json", "page_node_count",
+           "script_json", "script_of", "show", "to_html", "viewer_script"]
 
 MODES = ("unrolled", "rolled")
 # The default depth is the deepest one that draws at most this many nodes: about what fits
@@ -81,13 +82,15 @@ class ViewerPage(str):
                 'sandbox="allow-scripts allow-downloads allow-popups"></iframe></div>')
 
 
-def _check_mode(mode: Any) -> None:
+def check_mode(mode: Any) -> None:
+    """Raises InvalidOptionError: `mode` is neither 'unrolled', 'rolled' nor None."""
     if mode is not None and (not isinstance(mode, str) or mode not in MODES):
         raise InvalidOptionError(
             f"mode must be 'unrolled', 'rolled' or None (choose for me), got {mode!r}")
 
 
-def _check_history(history: Any) -> None:
+def check_history(history: Any) -> None:
+    """Raises InvalidArgumentTypeError (not a ModelHistory) or TorchlogError (no ops)."""
     from torchlog.history import ModelHistory  # vis reads histories; imported late like the API
 
     if not isinstance(history, ModelHistory):
@@ -162,13 +165,25 @@ def _asset(name: str) -> str:
 def viewer_script() -> str:
     """The viewer's JavaScript: its parts inside one strict function, without the comment
     lines and indentation that are there for its readers (a sixth of its size)."""
-    body = "\n".join(_asset(name) for name in SCRIPT_PARTS)
+    return script_of(SCRIPT_PARTS)
+
+
+@lru_cache(maxsize=None)
+def script_of(parts: tuple[str, ...]) -> str:
+    """Asset scripts `parts` joined inside one strict function (one shared scope), comment
+    lines and indentation left out."""
+    body = "\n".join(_asset(name) for name in parts)
     lines = (line.strip() for line in body.splitlines())
     body = "\n".join(line for line in lines if line and not line.startswith("//"))
     return f'(function () {{\n"use strict";\n{body}\n}})();\n'
 
 
-def _script_json(data: dict[str, Any]) -> str:
+def asset_text(name: str) -> str:
+    """The text of one of the viewer's asset files (`assets/`, or `vendor/graphviz.js`)."""
+    return _asset(name)
+
+
+def script_json(data: Any) -> str:
     """JSON safe inside <script>: no `</script>` or `<!--` can end the element early."""
     text = json.dumps(data, separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -203,8 +218,22 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
             nothing in the history.
         TorchlogError: the history holds no ops.
     """
-    _check_history(history)
-    _check_mode(mode)
+    text = page_json(history, mode, depth, focus, with_stats, colour_by, colour_legend, annotations=annotations)
+    return fill_page(history.model_name, text)
+
+
+def page_json(history: "ModelHistory", mode: str | None = None, depth: int | None = None,
+              focus: str | None = None, with_stats: bool = True,
+              colour_by: Mapping[str, float] | None = None,
+              colour_legend: str | None = None, *,
+              annotations: Annotations | None = None) -> str:
+    """The data `page_html` puts in the page, as the page holds it (JSON safe in a script).
+
+    Raises:
+        TorchlogError: for a bad argument, the subclass `page_html` names.
+    """
+    check_history(history)
+    check_mode(mode)
     check_depth(depth, "depth", "a readable default")
     colour = colour_data(history, colour_by, colour_legend)
     extra = annotation_data(history, annotations, {} if colour is None else colour["values"])
@@ -224,14 +253,18 @@ def page_html(history: "ModelHistory", mode: str | None = None, depth: int | Non
         if colour is not None:
             data["colour"] = colour
         data.update(extra)  # the panel's sections and value title
-        text = _script_json(data)
+        return script_json(data)
+
+
+def fill_page(title: str, data_json: str) -> ViewerPage:
+    """The viewer page around `data_json` (page data as `script_json` writes it)."""
     page = Template(_asset("page.html")).substitute(
-        title=_ascii_html(history.model_name), style=_asset("viewer.css"),
-        data=text, graphviz=_asset("graphviz.js"), viewer=viewer_script())
+        title=ascii_html(title), style=_asset("viewer.css"),
+        data=data_json, graphviz=_asset("graphviz.js"), viewer=viewer_script())
     return ViewerPage(page)
 
 
-def _ascii_html(text: str) -> str:
+def ascii_html(text: str) -> str:
     """`text` escaped for HTML, characters beyond ASCII as character references."""
     return html.escape(text).encode("ascii", "xmlcharrefreplace").decode("ascii")
 
@@ -263,6 +296,10 @@ def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None =
     and `colour_legend` colour the op nodes, and `annotations` adds marks, panel tables and
     legend notes, as `page_html` says. Returns the path written.
 
+    Given a GenerationHistory, it writes the generation's viewer: one step's graph at a
+    time with a step control, and a site's statistics over the steps (`mode` and `depth`
+    apply to every step; see `torchlog.vis.viewer.generation`).
+
     Raises:
         LogFileNotFoundError: the folder of `path` does not exist.
         InvalidOptionError: a bad mode or depth, a NaN or infinite colour value, a bad
@@ -282,8 +319,10 @@ def to_html(history: "ModelHistory", path: str | os.PathLike, mode: str | None =
         ('linear.html', True)
     """
     target = _output_path(path)
-    page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend,
-                     annotations=annotations)
+    page = _generation_page(history, mode, depth, focus, colour_by, annotations)
+    if page is None:
+        page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend,
+                         annotations=annotations)
     target.write_text(page, encoding="utf-8")
     return str(target)
 
@@ -297,13 +336,33 @@ def show(history: "ModelHistory", mode: str | None = None, depth: int | None = N
     Returns the page; as the last expression of a Jupyter cell it displays itself in a
     frame `height` pixels high (default 640), which the reader can resize by its bottom edge.
     `colour_by`, `colour_legend` and `annotations` colour and annotate the op nodes, as
-    `page_html` says.
+    `page_html` says. A GenerationHistory shows the generation's viewer, as `to_html` says.
 
     Raises:
         TorchlogError: as `page_html` says.
         InvalidOptionError: `height` is an int below 240.
         InvalidArgumentTypeError: `height` is not an int.
     """
-    page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend,
-                     annotations=annotations)
+    page = _generation_page(history, mode, depth, focus, colour_by, annotations)
+    if page is None:
+        page = page_html(history, mode, depth, focus, colour_by=colour_by, colour_legend=colour_legend,
+                         annotations=annotations)
     return page if height is None else page.sized(height)
+
+
+def _generation_page(history: Any, mode: str | None, depth: int | None, focus: str | None,
+                     colour_by: Any, annotations: Any) -> ViewerPage | None:
+    """The generation viewer (`generation.generation_html`) when `history` is a
+    GenerationHistory, else None."""
+    from torchlog.vis.viewer.generation import generation_html, is_generation
+
+    if not is_generation(history):
+        return None
+    given = [name for name, value in (("focus", focus), ("colour_by", colour_by), ("annotations", annotations))
+             if value is not None]
+    if given:
+        raise InvalidOptionError(
+            f"{', '.join(given)} colour or annotate one history; a generation's viewer takes mode and "
+            "depth only: pass gen.steps[k] for one step, or use torchlog.vis.viewer.generation_html("
+            "gen, step=..., site=...) to open at a step and site")
+    return generation_html(history, mode=mode, depth=depth)

@@ -68,8 +68,9 @@ function installCharts() {
   });
 }
 
-// A rolled layer's passes: mean (line), mean +- std (band), min and max (dots) per pass.
-function passesChartSvg(passes) {
+// A rolled layer's passes: mean (line), mean +- std (band), min and max (dots) per pass. A
+// generation's steps draw the same chart, `unit` 'step' (each entry's `pass` its number).
+function passesChartSvg(passes, unit = "pass") {
   const points = passes.map((p) => p.stats && p.stats.min !== null ? p.stats : null);
   const known = points.filter(Boolean);
   if (known.length < 2) return "";
@@ -87,7 +88,7 @@ function passesChartSvg(passes) {
     .map(([a, b]) => `${a.toFixed(1)},${b.toFixed(1)}`).join(" ");
   const dots = points.map((s, i) => (s ? `<circle class="min" cx="${x(i).toFixed(1)}" cy="${y(s.min).toFixed(1)}" r="1.6"/>` +
     `<circle class="max" cx="${x(i).toFixed(1)}" cy="${y(s.max).toFixed(1)}" r="1.6"/>` +
-    `<rect class="hit" x="${(x(i) - 3).toFixed(1)}" y="${top}" width="6" height="${height}"><title>pass ${passes[i].pass}: ` +
+    `<rect class="hit" x="${(x(i) - 3).toFixed(1)}" y="${top}" width="6" height="${height}"><title>${unit} ${passes[i].pass}: ` +
     `mean ${tickText(s.mean)}, std ${tickText(s.std)}, min ${tickText(s.min)}, max ${tickText(s.max)}</title></rect>` : "")).join("");
   const y0 = top + height;
   return `<svg class="passes" width="${width}" height="${y0 + axis}" viewBox="0 0 ${width} ${y0 + axis}">` +
@@ -96,8 +97,8 @@ function passesChartSvg(passes) {
     `<line class="axis" x1="${left - 1}" y1="${y0}" x2="${width}" y2="${y0}"/>` +
     `<text class="count" x="${left - 4}" y="${top + 8}" text-anchor="end">${tickText(hi)}</text>` +
     `<text class="count" x="${left - 4}" y="${y0}" text-anchor="end">${tickText(lo)}</text>` +
-    `<text x="${left}" y="${y0 + 12}">pass 1</text>` +
-    `<text x="${width}" y="${y0 + 12}" text-anchor="end">pass ${passes.length}</text></svg>`;
+    `<text x="${left}" y="${y0 + 12}">${unit} ${passes[0].pass}</text>` +
+    `<text x="${width}" y="${y0 + 12}" text-anchor="end">${unit} ${passes[passes.length - 1].pass}</text></svg>`;
 }
 
 // A 2-D slice of the value (computed when the page was built): cells coloured from lo to hi.
