@@ -16,12 +16,19 @@ from torchlog.errors import (
     LogFileNotFoundError,
     LogFilePermissionError,
 )
-from torchlog.storage.format import EXTRACT_FORMAT_NAME, FORMAT_NAME, FORMAT_VERSION, STATISTICS_FORMAT_NAME
+from torchlog.storage.format import (
+    EXTRACT_FORMAT_NAME,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    GENERATION_FORMAT_NAME,
+    STATISTICS_FORMAT_NAME,
+)
 
 __all__ = ["HANDLE_LOCK", "as_path", "check_new_path", "create", "open_existing", "check_header"]
 
 _OPENERS = {FORMAT_NAME: "torchlog.load(path)", EXTRACT_FORMAT_NAME: "torchlog.storage.open_activations(path)",
-            STATISTICS_FORMAT_NAME: "torchlog.datasets.Statistics.load(path)"}
+            STATISTICS_FORMAT_NAME: "torchlog.datasets.Statistics.load(path)",
+            GENERATION_FORMAT_NAME: "torchlog.load_generation(path)"}
 # HDF5 lets a process open a file read-only while it holds it open for writing (the two
 # share one handle), but refuses to open it for writing while a read-only handle is open.
 # Stored values hold this lock from opening to closing the file, and so does the gradient

@@ -13,7 +13,7 @@ import torch
 
 from torchlog.errors import InvalidArgumentTypeError
 
-__all__ = ["FORMAT_NAME", "EXTRACT_FORMAT_NAME", "STATISTICS_FORMAT_NAME", "FORMAT_VERSION", "WRITING",
+__all__ = ["FORMAT_NAME", "EXTRACT_FORMAT_NAME", "STATISTICS_FORMAT_NAME", "GENERATION_FORMAT_NAME", "FORMAT_VERSION", "WRITING",
            "INCOMPLETE",
            "COMPLETE", "ACTIVATIONS", "GRADIENTS", "RNG_STATES", "BY_LABEL", "METADATA",
            "NODE_LOG", "MODULE_TABLE", "CHUNK_BYTES", "check_dense", "dtype_name", "dtype_from_name",
@@ -22,6 +22,7 @@ __all__ = ["FORMAT_NAME", "EXTRACT_FORMAT_NAME", "STATISTICS_FORMAT_NAME", "FORM
 FORMAT_NAME = "torchlog"  # root attribute `format` of a log written by log_forward_pass/save
 EXTRACT_FORMAT_NAME = "torchlog-extract"  # root attribute `format` of an extract() file
 STATISTICS_FORMAT_NAME = "torchlog-statistics"  # root attribute `format` of a Statistics.save() file
+GENERATION_FORMAT_NAME = "torchlog-generation"  # root attribute `format` of log_generation(save_to=...)
 FORMAT_VERSION = 1  # root attribute `format_version`; readers refuse newer versions
 
 # Root attribute `status`.

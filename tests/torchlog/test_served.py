@@ -163,3 +163,29 @@ def test_a_model_whose_ops_change_at_every_call_stops_being_served_after_two_mis
             torchlog.log_forward_pass(model, x, layers_to_save=["fc2"])
     vars(model).pop("forward")
     assert served_calls == [False, False, True, True, True]
+
+
+def test_tensors_inside_an_argument_object_are_part_of_the_signature(served_calls) -> None:
+    """A KV cache object's tensors decide the shapes of the ops that read it: a call with a
+    longer cache is not served from the probe of a shorter one (its shapes would be stale)."""
+    class Cache:
+        def __init__(self, length: int) -> None:
+            self.layers = [{"keys": torch.ones(1, length, 4)}]
+
+    class Reader(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x, cache):
+            return self.fc(torch.cat([cache.layers[0]["keys"], x], dim=1)).sum(dim=1)
+
+    torch.manual_seed(0)
+    model, x = Reader(), torch.rand(1, 1, 4)
+    PROBES.drop_model(model)
+    with torch.no_grad():
+        histories = [torchlog.log_forward_pass(model, [x, Cache(n)], layers_to_save=["fc"]) for n in (2, 3, 3)]
+    assert served_calls == [True]  # only the third call, whose cache is as long as the second's
+    for history, length in zip(histories, (3, 4, 4)):
+        check_history(history)
+        assert history[history.layer_labels[0]].tensor_contents.shape == (1, length, 4)

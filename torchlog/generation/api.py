@@ -1,6 +1,7 @@
 """`log_generation`: a model's `generate` (or a decode loop) logged one forward call per step."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
 from typing import Any
@@ -8,15 +9,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlog.errors import GenerationError, InvalidArgumentTypeError, InvalidOptionError, StepNotFoundError
+from torchlog.errors import (
+    GenerationError,
+    IncompleteLogWarning,
+    InvalidArgumentTypeError,
+    InvalidOptionError,
+    StepNotFoundError,
+)
 from torchlog.api import log_forward_pass
 from torchlog.generation.history import GenerationHistory
-from torchlog.generation.step_files import step_folder, step_path
+from torchlog.generation.saving import GenerationSaver
 from torchlog.generation.stepping import StepLogger
 from torchlog.model_state import is_compiled
 from torchlog.options import LogOptions
 
-__all__ = ["log_generation", "run_steps", "runner", "chosen_steps"]
+__all__ = ["log_generation", "run_steps", "runner", "chosen_steps", "num_beams"]
 
 _LOG_FIELDS = frozenset(f.name for f in fields(LogOptions))
 # Options a step cannot honour: a stopped or returned-on-error step has no output for
@@ -46,9 +53,10 @@ def log_generation(model: nn.Module, input_ids: torch.Tensor, *, decode: Callabl
         intervene_steps: the steps to intervene at (0 is the prefill: `[0]` edits the
             prompt only); None for every step.
         options: LogOptions for every step (`layers_to_save`, `random_seed`, ...).
-            `save_to` names a folder (created if missing): step k streams into its own
-            log, `step_0000.h5` for the prefill, ..., written as the step runs, and the
-            steps' histories read their values back from those files.
+            `save_to` names one HDF5 file for the whole generation: each step streams its
+            values to a scratch log while it runs and is appended to the file when it
+            ends, and the steps' histories read their values back from the file
+            (`torchlog.load_generation` opens it again).
         **keywords: LogOptions fields by name (`layers_to_save=['transformer.h.1']`); every
             other keyword goes to `generate` (`max_new_tokens`, `do_sample`, ...).
 
@@ -59,9 +67,9 @@ def log_generation(model: nn.Module, input_ids: torch.Tensor, *, decode: Callabl
         InvalidArgumentTypeError: no `generate` and no `decode`; a bad `decode`,
             `intervene` or `intervene_steps`; a rendering keyword.
         InvalidOptionError: an option a step cannot honour (`stop_after`,
-            `on_error='return'`), or `intervene` given twice.
-        LogFileExistsError, LogFileNotFoundError: `save_to` is a file, a folder already
-            holding step logs (without `overwrite=True`), or a folder whose parent is missing.
+            `on_error='return'`, `save_gradients` with `save_to`), or `intervene` given twice.
+        LogFileExistsError, LogFileNotFoundError, LogFileError: `save_to` is an existing
+            file (without `overwrite=True`), a folder, or in a folder that does not exist.
         StepNotFoundError: a step of `intervene_steps` beyond `max_new_tokens`, or one
             generation did not reach (then the generation is on `exc.torchlog_generation`).
         Exception: whatever generation raises, unchanged, with the steps done on
@@ -89,11 +97,62 @@ def log_generation(model: nn.Module, input_ids: torch.Tensor, *, decode: Callabl
     options = _step_options(options, {k: v for k, v in keywords.items() if k in _LOG_FIELDS}, intervene)
     steps = chosen_steps(intervene_steps, generate_kwargs.get("max_new_tokens"))
     options_for = _options_per_step(options, intervene, steps)
-    if options.save_to is not None:  # checked last: it creates the folder
-        options_for = _written_per_step(options_for, step_folder(options.save_to, options.overwrite))
-    logger = StepLogger(model, lambda args, kwargs, k: log_forward_pass(model, args, kwargs, options=options_for(k)))
-    return run_steps(logger, run, generate_kwargs, steps,
-                     lambda output, sequences: GenerationHistory(model_name, input_ids, logger.steps, output, sequences))
+    beams = 1 if decode is not None else num_beams(model, generate_kwargs)
+    saver = None if options.save_to is None else GenerationSaver(  # checked last: it creates the file
+        options.save_to, options.overwrite, model_name, input_ids, beams)
+    logger = StepLogger(model, _step_runner(model, options_for, saver, lambda: logger.steps))
+
+    def result(output: Any, sequences: torch.Tensor | None) -> GenerationHistory:
+        return GenerationHistory(model_name, input_ids, logger.steps, output, sequences, num_beams=beams,
+                                 path=None if saver is None else saver.path)
+    if saver is None:
+        return run_steps(logger, run, generate_kwargs, steps, result)
+    return _saved_run(saver, lambda: run_steps(logger, run, generate_kwargs, steps, result), logger)
+
+
+def _step_runner(model: nn.Module, options_for: Callable[[int], LogOptions], saver: GenerationSaver | None,
+                 done: Callable[[], list]) -> Callable[[list, dict[str, Any], int], Any]:
+    """What runs step k: `log_forward_pass` with that step's options, streamed through
+    `saver` into the generation file when there is one (`done()`: the steps logged so far)."""
+    def log_step(args: list, kwargs: dict[str, Any], k: int) -> Any:
+        if saver is None:
+            return log_forward_pass(model, args, kwargs, options=options_for(k))
+        return saver.run_step(lambda to: log_forward_pass(model, args, kwargs, options=replace(
+            options_for(k), save_to=to, overwrite=False)), k, done())
+    return log_step
+
+
+def _saved_run(saver: GenerationSaver, run: Callable[[], GenerationHistory], logger: StepLogger) -> GenerationHistory:
+    """`run()`, with the generation file finished whatever happens: 'complete' with the
+    sequences when generation returned (also when a chosen step was never reached),
+    'incomplete' with the steps done when it raised. A failure to finish the file never
+    replaces generation's own error: it becomes an IncompleteLogWarning."""
+    try:
+        gen = run()
+    except BaseException as error:
+        done = getattr(error, "torchlog_generation", None)
+        sequences = None if done is None else done.sequences
+        try:
+            saver.finish(logger.steps, sequences, None if sequences is not None else f"{type(error).__name__}: {error}")
+        except Exception as failed:  # the user's exception matters more; the steps done are in the file
+            warnings.warn(f"generation file {saver.path!r} was left unfinished: {failed}", IncompleteLogWarning,
+                          stacklevel=3)
+        raise
+    saver.finish(logger.steps, gen.sequences, None)
+    return gen
+
+
+def num_beams(model: nn.Module, generate_kwargs: dict[str, Any]) -> int:
+    """The beams per prompt generate will run: `num_beams=`, else that of the
+    `generation_config=` given, else the model's generation config's (1 when none)."""
+    if generate_kwargs.get("num_beams") is not None:
+        found = generate_kwargs["num_beams"]
+    else:
+        config = generate_kwargs.get("generation_config") or getattr(model, "generation_config", None)
+        found = getattr(config, "num_beams", None) or 1
+    if not isinstance(found, int) or isinstance(found, bool) or found < 1:
+        raise InvalidArgumentTypeError(f"num_beams must be an int >= 1, got {found!r}")
+    return found
 
 
 def run_steps(logger: StepLogger, run: Callable, generate_kwargs: dict[str, Any], steps: frozenset[int] | None,
@@ -149,6 +208,11 @@ def _step_options(options: LogOptions | None, keywords: dict[str, Any], interven
     if merged.intervene is not None and intervene is not None:
         raise InvalidOptionError("intervene was given both in options and as log_generation(intervene=...); "
                                  "give it once")
+    if merged.save_to is not None and merged.save_gradients:
+        raise InvalidOptionError(
+            "log_generation cannot honour save_gradients=True with save_to: a later backward would "
+            "write gradients into each step's log after the step was appended to the generation file; "
+            "save gradients in memory (no save_to) or leave save_gradients off")
     for name, allowed in _REFUSED.items():
         if getattr(merged, name) != allowed:
             raise InvalidOptionError(
@@ -188,11 +252,6 @@ def _options_per_step(options: LogOptions, intervene: Any, steps: frozenset[int]
             return replace(options, intervene=intervene(step))
         return options
     return options_for
-
-
-def _written_per_step(options_for: Callable[[int], LogOptions], folder: str) -> Callable[[int], LogOptions]:
-    """`options_for`, with step k streamed into its own log in `folder`."""
-    return lambda step: replace(options_for(step), save_to=step_path(folder, step))
 
 
 def _sequences(output: Any) -> torch.Tensor:

@@ -79,15 +79,24 @@ class GenerationHistory:
     `gen.steps[k]` is step k's history (0 is the prompt's prefill, k the k-th decoding
     forward); `gen[k, site]` looks a site up in it; `gen.input_ids(k)`, `gen.logits(k)` and
     `gen.token(k)` are what step k read, returned and chose; `gen.stack(site)` joins a
-    site's values across the steps. Built once by `torchlog.log_generation`; read-only.
+    site's values across the steps. Built once by `torchlog.log_generation` (or
+    `torchlog.load_generation`); read-only.
+
+    With beam search (`num_beams` > 1) each step runs on `batch * num_beams` rows, the
+    beams of prompt i in rows `gen.beam_rows(i)`; generate reorders the beams between
+    steps, so row j of one step need not continue row j of the step before.
     """
 
     def __init__(self, model_name: str, prompt: torch.Tensor, logged: list[LoggedStep],
-                 output: Any = None, sequences: torch.Tensor | None = None) -> None:
+                 output: Any = None, sequences: torch.Tensor | None = None, *, num_beams: int = 1,
+                 path: str | None = None, failed_step: ModelHistory | None = None) -> None:
         self.model_name = model_name
         self.prompt = prompt  # the prompt's token ids, as given
-        self.output = output  # what generate (or the decode loop) returned; None when it raised
+        self.output = output  # what generate (or the decode loop) returned; None when it raised or loaded
         self.sequences = sequences  # prompt and generated tokens; None when generation raised
+        self.num_beams = num_beams  # beams per prompt: rows per prompt in each step's batch
+        self.path = path  # the file the steps' values are read from (save_to=); None in memory
+        self.failed_step = failed_step  # a loaded partial generation: the log of the step that raised
         self._logged = tuple(logged)
         self._steps = Steps(tuple(step.result for step in logged))
         self.interventions = tuple(StepIntervention(k, record) for k, step in enumerate(logged)
@@ -125,16 +134,42 @@ class GenerationHistory:
 
     def token(self, step: int) -> torch.Tensor | None:
         """The token chosen after step `step`, one per sequence; None when generation
-        raised or the sequences do not follow the steps one token each (beam search)."""
+        raised or the sequences do not follow the steps one token each. With beam search,
+        the token at that place of each returned sequence (the beam it came from is in
+        `gen.output.beam_indices` when generate is asked for `return_dict_in_generate=True,
+        output_scores=True`); None past the end of the returned sequences."""
         k, start = self._steps.index(step), self._first_new()
-        if start is None or self.sequences.shape[0] != _batch(self._logged[k].input_ids):
+        if start is None or start + k >= self.sequences.shape[-1]:
+            return None
+        if self.num_beams == 1 and self.sequences.shape[0] != _batch(self._logged[k].input_ids):
             return None
         return self.sequences[..., start + k]
 
+    def beam_rows(self, prompt: int) -> range:
+        """The rows of each step's batch that hold the beams of prompt `prompt` (0-based):
+        generate repeats each prompt `num_beams` times, so `prompt * num_beams` onwards.
+
+        Raises:
+            InvalidArgumentTypeError: `prompt` is not an index of the prompts.
+        """
+        count = int(self.prompt.shape[0])
+        if not isinstance(prompt, int) or isinstance(prompt, bool) or not 0 <= prompt < count:
+            raise InvalidArgumentTypeError(
+                f"beam_rows takes a prompt's index, 0..{count - 1} for this generation's {count} prompt(s), "
+                f"got {prompt!r}")
+        return range(prompt * self.num_beams, (prompt + 1) * self.num_beams)
+
     def _first_new(self) -> int | None:
         """Where the generated tokens start in the sequences: each step chose one token, so
-        after the prompt (a decoder-only model) or the decoder's start token (T5)."""
-        if self.sequences is None or self.sequences.shape[-1] < self.num_steps:
+        after the prompt (a decoder-only model) or the decoder's start token (T5). Beam
+        search may return sequences shorter than its steps: there, after the tokens the
+        prefill read."""
+        if self.sequences is None:
+            return None
+        if self.num_beams > 1:
+            first = _length(self._logged[0].input_ids) if self._logged else None
+            return first if first is not None and first <= self.sequences.shape[-1] else None
+        if self.sequences.shape[-1] < self.num_steps:
             return None
         return self.sequences.shape[-1] - self.num_steps
 
@@ -170,8 +205,14 @@ class GenerationHistory:
             LayerNotFoundError: `site` exists at no chosen step, or names a layer of several
                 passes (name one pass, 'label:2'); the message names the steps lacking it.
             StepNotFoundError: a step is out of range.
-            InvalidOptionError: a step kept no value for it, or the values cannot be joined.
+            InvalidOptionError: a step kept no value for it, or the values cannot be joined;
+                or a beam search, whose rows generate reorders between steps.
         """
+        if self.num_beams > 1:
+            raise InvalidOptionError(
+                f"stack({site!r}) cannot join the steps of a beam search (num_beams={self.num_beams}): "
+                "generate reorders the beams between steps, so row j of one step need not continue "
+                "row j of the step before; read each step with gen[step, site]")
         chosen = [self._steps.index(k) for k in (range(self.num_steps) if steps is None else steps)]
         values = [self._value(k, site) for k in chosen]
         if dim is None:  # read off every step with the site: the prefill tells the sequence apart
@@ -208,8 +249,11 @@ class GenerationHistory:
 
     def summary(self) -> str:
         """A table of the steps: tokens read, token chosen, passes, saved, interventions."""
+        beams = f", {self.num_beams} beams per prompt" if self.num_beams > 1 else ""
         rows = [f"GenerationHistory of {self.model_name}: {self.num_steps} steps, prompt "
-                f"{tuple(self.prompt.shape)}" + (" (partial: generation raised)" if self.is_partial else "")]
+                f"{tuple(self.prompt.shape)}{beams}" + (" (partial: generation raised)" if self.is_partial else "")]
+        if self.path is not None:
+            rows.append(f"values in {self.path!r}")
         rows.append(f"{'step':>5}  {'read':>6}  {'chosen':<16} {'passes':>7} {'saved':>6} {'acts':>5}")
         for k, history in enumerate(self._steps):
             token = self.token(k)

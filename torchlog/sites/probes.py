@@ -14,6 +14,7 @@ from torchlog.history import ModelHistory
 __all__ = ["ProbeCache", "PROBES", "signature"]
 
 _SCALARS = (int, float, bool, str, type(None))
+_MAX_DEPTH = 6  # cache -> layers list -> layer -> tensors, with room for wrappers
 
 
 def signature(model: nn.Module, named_modules: list, args: tuple, kwargs: dict) -> tuple:
@@ -23,16 +24,23 @@ def signature(model: nn.Module, named_modules: list, args: tuple, kwargs: dict) 
     return (id(model), tuple(m.training for _, m in named_modules), _shape_of(args), _shape_of(kwargs))
 
 
-def _shape_of(value: Any) -> Any:
+def _shape_of(value: Any, depth: int = 0) -> Any:
+    """The structure of an argument. An object's attributes count too, a few levels deep:
+    a KV cache object holds the tensors whose lengths decide the shapes of attention's ops."""
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.requires_grad)
     if isinstance(value, _SCALARS):
         return value
+    if depth >= _MAX_DEPTH:
+        return type(value).__qualname__
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_shape_of(v) for v in value))
+        return (type(value).__name__, tuple(_shape_of(v, depth + 1) for v in value))
     if isinstance(value, dict):
-        return ("dict", tuple((k, _shape_of(v)) for k, v in value.items()))
-    return type(value).__qualname__
+        return ("dict", tuple((k, _shape_of(v, depth + 1)) for k, v in value.items()))
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(value, (nn.Module, type)) or callable(value) or not isinstance(attributes, dict):
+        return type(value).__qualname__
+    return (type(value).__qualname__, tuple((k, _shape_of(v, depth + 1)) for k, v in attributes.items()))
 
 
 class ProbeCache:

@@ -74,9 +74,12 @@ def tiny_t5(seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
 
 def hand_decode(model: nn.Module, prompt: torch.Tensor, num_steps: int,
                 edit: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
-                edit_site: str = "transformer.h.0", site: str = SITE) -> Recorded:
-    """Greedy decoding by hand with a KV cache: one forward per step, hooks reading `site`
-    and, with `edit(step, hidden)`, changing `edit_site`'s output at each step."""
+                edit_site: str = "transformer.h.0", site: str = SITE,
+                attention_mask: torch.Tensor | None = None) -> Recorded:
+    """Greedy decoding by hand with a KV cache (or Mamba's state): one forward per step,
+    hooks reading `site` and, with `edit(step, hidden)`, changing `edit_site`'s output at
+    each step. An encoder-decoder runs its encoder once first, then the decoder from its
+    start token; `attention_mask` marks a batch's left padding, as generate reads it."""
     seen = Recorded()
     step = [0]
 
@@ -90,22 +93,62 @@ def hand_decode(model: nn.Module, prompt: torch.Tensor, num_steps: int,
     handles = [model.get_submodule(site).register_forward_hook(read)]
     if edit is not None:
         handles.append(model.get_submodule(edit_site).register_forward_hook(change))
+    inputs = _StepInputs(model, prompt, attention_mask)
     try:
-        ids, cache, sequence = prompt, None, prompt
+        cache, ids = None, inputs.first
         with torch.no_grad():
             for step[0] in range(num_steps):
                 seen.inputs.append(ids)
-                out = model(ids, use_cache=True, **{CACHE: cache})
+                out = model(**inputs.of_step(ids), use_cache=True, **{CACHE: cache})
                 cache = getattr(out, CACHE)
                 seen.logits.append(out.logits[:, -1].clone())
                 ids = out.logits[:, -1].argmax(-1, keepdim=True)
                 seen.tokens.append(ids[:, 0])
-                sequence = torch.cat([sequence, ids], dim=-1)
+                inputs.chose(ids)
     finally:
         for handle in handles:
             handle.remove()
-    seen.sequence = sequence
+    seen.sequence = inputs.sequence
     return seen
+
+
+class _StepInputs:
+    """What a hand-written loop passes at each step: the token ids (as `decoder_input_ids`
+    after the encoder's output for an encoder-decoder), the attention mask over the prompt
+    and the tokens so far, and the positions generate derives from it (padding counts none)."""
+
+    def __init__(self, model: nn.Module, prompt: torch.Tensor, mask: torch.Tensor | None) -> None:
+        self.is_encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        # Generate gives Mamba the mask at the prefill only: the state has no later positions to mask.
+        self.masks_prompt_only = model.config.model_type == "mamba"
+        self.mask = mask
+        if self.is_encoder_decoder:
+            with torch.no_grad():
+                self.encoded = model.get_encoder()(input_ids=prompt, attention_mask=mask)
+            self.prompt_mask = mask
+            self.first = torch.full((prompt.shape[0], 1), model.config.decoder_start_token_id)
+        else:
+            self.first = prompt
+        self.sequence = self.first
+
+    def of_step(self, ids: torch.Tensor) -> dict[str, object]:
+        if self.is_encoder_decoder:
+            return {"decoder_input_ids": ids, "encoder_outputs": self.encoded, "attention_mask": self.prompt_mask}
+        found: dict[str, object] = {"input_ids": ids}
+        if self.mask is not None:
+            found["attention_mask"] = self.mask
+            if self.takes_positions:
+                positions = (self.mask.cumsum(-1) - 1).masked_fill(self.mask == 0, 0)
+                found["position_ids"] = positions[:, -ids.shape[-1]:]
+        return found
+
+    def chose(self, ids: torch.Tensor) -> None:
+        self.sequence = torch.cat([self.sequence, ids], dim=-1)
+        if self.masks_prompt_only:
+            self.mask = None
+        elif self.mask is not None and not self.is_encoder_decoder:
+            self.mask = torch.cat([self.mask, torch.ones_like(ids)], dim=-1)
 
 
 def recorded_generate(model: nn.Module, prompt: torch.Tensor, site: str,

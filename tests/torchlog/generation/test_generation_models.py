@@ -1,6 +1,7 @@
-"""Models people generate with, step by step: LLaMA-style (rotary, grouped-query attention)
-against a hand-written decode loop; Mamba (a state, no KV cache), T5 (encoder-decoder) and
-batches of padded prompts against plain `generate` read by forward hooks."""
+"""Models people generate with, step by step, against a hand-written decode loop read by forward
+hooks (activations at a site, logits, input and chosen tokens) and plain `generate` (tokens):
+LLaMA-style (rotary, grouped-query attention), Mamba (a state, no KV cache), T5
+(encoder-decoder) and batches of padded prompts."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 import torchlog
 from torchlog.interventions import add
 
-from .decoding import hand_decode, hooked_generate, recorded_generate, tiny_gpt2, tiny_llama, tiny_mamba, tiny_t5
+from .decoding import hand_decode, hooked_generate, tiny_gpt2, tiny_llama, tiny_mamba, tiny_t5
 
 pytestmark = pytest.mark.heavy
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -38,18 +39,34 @@ def test_llama_steps_equal_the_hand_written_decode_loop() -> None:
     assert gen.stack(site).shape == (1, 6 + 4, 32)
 
 
-def test_a_padded_batch_gives_the_tokens_and_activations_of_plain_generate(model_and_sites) -> None:
-    model, _, site, _ = model_and_sites
+def _assert_steps_equal(gen, oracle, site: str, num_steps: int) -> None:
+    """Each step's activation at `site`, logits, input tokens and chosen token equal what the
+    hand-written loop's hooks read."""
+    assert gen.num_steps == len(oracle.activations) == num_steps
+    assert torch.equal(gen.sequences, oracle.sequence)
+    for k in range(num_steps):
+        torch.testing.assert_close(gen[k, site].tensor_contents, oracle.activations[k], **TOL)
+        torch.testing.assert_close(gen.logits(k), oracle.logits[k], **TOL)
+        assert torch.equal(gen.input_ids(k), oracle.inputs[k])
+        assert torch.equal(gen.token(k), oracle.tokens[k])
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "mamba", "t5"])
+def test_a_padded_batch_equals_the_hand_written_decode_loop(name: str) -> None:
+    build, site = {"gpt2": (tiny_gpt2, "transformer.h.1"), "llama": (tiny_llama, "model.layers.1"),
+                   "mamba": (tiny_mamba, "backbone.layers.1"), "t5": (tiny_t5, "decoder.block.1")}[name]
+    model, _ = build()
     torch.manual_seed(1)
     ids = torch.randint(3, 100, (2, 6))
     mask = torch.ones(2, 6, dtype=torch.long)
-    ids[1, :2], mask[1, :2] = 0, 0  # the second prompt is two tokens shorter, padded on the left
-    plain, seen = recorded_generate(model, ids, site, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    if name == "t5":  # an encoder's input is padded on the right
+        ids[1, -2:], mask[1, -2:] = 0, 0
+    else:  # a decoder-only prompt on the left, so that every prompt ends where generation starts
+        ids[1, :2], mask[1, :2] = 0, 0
     gen = torchlog.log_generation(model, ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
-    assert torch.equal(gen.sequences, plain) and gen.num_steps == len(seen) == 4
-    for k in range(4):
-        torch.testing.assert_close(gen[k, site].tensor_contents, seen[k], **TOL)
-        assert torch.equal(gen.token(k), plain[:, 6 + k])
+    _assert_steps_equal(gen, hand_decode(model, ids, 4, site=site, attention_mask=mask), site, 4)
+    plain = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert torch.equal(gen.sequences, plain)
 
 
 def test_steering_each_model_equals_a_hooked_generate(model_and_sites) -> None:
@@ -65,14 +82,12 @@ def test_steering_each_model_equals_a_hooked_generate(model_and_sites) -> None:
     assert [i.step for i in gen.interventions] == [1, 2, 3, 4]
 
 
-def test_mamba_steps_read_the_recurrent_state_and_equal_plain_generate() -> None:
+def test_mamba_steps_read_the_recurrent_state_and_equal_the_hand_written_decode_loop() -> None:
     model, prompt = tiny_mamba()
     site = "backbone.layers.1"
-    plain, seen = recorded_generate(model, prompt, site, max_new_tokens=5, do_sample=False)
     gen = torchlog.log_generation(model, prompt, max_new_tokens=5, do_sample=False)
-    assert torch.equal(gen.sequences, plain) and gen.num_steps == len(seen) == 5
-    for k in range(5):
-        torch.testing.assert_close(gen[k, site].tensor_contents, seen[k], **TOL)
+    _assert_steps_equal(gen, hand_decode(model, prompt, 5, site=site), site, 5)
+    assert torch.equal(gen.sequences, model.generate(prompt, max_new_tokens=5, do_sample=False))
     assert all(gen.steps[k].layer_labels == gen.steps[1].layer_labels for k in range(1, 5))
     # No cache grows: each decoding step reads a convolution and an SSM state per layer, of fixed size.
     states = [[tuple(gen.steps[k][label].tensor_contents.shape) for label in gen.steps[k].input_layers[1:]]
@@ -84,14 +99,12 @@ def test_mamba_steps_read_the_recurrent_state_and_equal_plain_generate() -> None
 def test_t5_logs_each_decoder_forward_as_a_step_after_the_start_token() -> None:
     model, prompt = tiny_t5()
     site = "decoder.block.1"
-    plain, seen = recorded_generate(model, prompt, site, max_new_tokens=5, do_sample=False)
+    plain = model.generate(prompt, max_new_tokens=5, do_sample=False)
     gen = torchlog.log_generation(model, prompt, max_new_tokens=5, do_sample=False)
-    assert torch.equal(gen.sequences, plain) and gen.num_steps == len(seen) == 5
+    _assert_steps_equal(gen, hand_decode(model, prompt, 5, site=site), site, 5)
+    assert torch.equal(gen.sequences, plain)
     assert torch.equal(gen.tokens, plain[:, 1:])  # after the decoder's start token, not the prompt
     assert torch.equal(gen.input_ids(0), plain[:, :1])
-    for k in range(5):
-        torch.testing.assert_close(gen[k, site].tensor_contents, seen[k], **TOL)
-        assert torch.equal(gen.token(k), plain[:, 1 + k])
     torch.manual_seed(3)
     vector = torch.randn(32) * 50.0
     oracle = hooked_generate(model, prompt, "decoder.block.0", lambda call, h: h + vector,
