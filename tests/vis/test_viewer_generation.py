@@ -134,6 +134,9 @@ def test_to_html_and_show_open_a_generation(gen, tmp_path) -> None:
     assert 'id="torchlog-step-frame"' in written.read_text() and written.read_text().isascii()
     inline = show(gen, height=500)
     assert 'id="torchlog-step-frame"' in inline and inline.height == 500
+    # The history's own methods are these calls.
+    assert Path(gen.to_html(str(tmp_path / "own.html"))).read_text() == written.read_text()
+    assert gen.show(height=500) == inline
 
 
 def _get(url: str) -> tuple[int, bytes]:

@@ -278,6 +278,23 @@ class GenerationHistory:
             frames.append(frame)
         return pandas.concat(frames, ignore_index=True)
 
+    def to_html(self, path: str, mode: str | None = None, depth: int | None = None) -> str:
+        """Write the generation's viewer (one step's graph under a step control, a site's
+        statistics over the steps) to one HTML file; see `torchlog.vis.viewer.to_html`.
+
+        Raises:
+            MissingDependencyError: the viewer's extra is not installed.
+        """
+        from torchlog.vis.viewer import to_html  # lazily: vis depends on torchlog, not back
+
+        return to_html(self, path, mode, depth)
+
+    def show(self, mode: str | None = None, depth: int | None = None, height: int | None = None) -> Any:
+        """The generation's viewer inline in a notebook; see `torchlog.vis.viewer.show`."""
+        from torchlog.vis.viewer import show
+
+        return show(self, mode, depth, height=height)
+
     def __str__(self) -> str:
         return self.summary()
 
