@@ -34,7 +34,7 @@ from torchlog.records import LayerRecord, ModuleRecord, NodeKind, ParamInfo, Pas
 from torchlog.validation import validate_saved_activations
 from torchlog.comparison import Comparison, compare, find_nonfinite
 from torchlog.intervened import RunResult, run
-from torchlog.generation import GenerationHistory, log_generation
+from torchlog.generation import GenerationHistory, load_generation, log_generation
 from torchlog import datasets, interventions, patching
 from torchlog.sites import select
 from torchlog.errors import InterventionError
@@ -59,11 +59,14 @@ def load(path: str) -> ModelHistory:
 def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | None = None,
             overwrite: bool = False, progress: bool | None = None,
             compression: str | None = None, tensorboard: Any = None,
-            chunks: bool | int | None = None, random_seed: int = 0, stop_after: Any = None) -> Any:
+            chunks: bool | int | None = None, random_seed: int = 0, stop_after: Any = None,
+            changed_ops: str = "error") -> Any:
     """Run `layers` over a dataset into one array per layer in the file `to`; see torchlog.datasets.extraction.
 
     With `stop_after` (a site, as log_forward_pass takes it) each batch ends there: the
-    rest of the model does not run.
+    rest of the model does not run. A batch that runs other ops than the first batch
+    before a chosen op is refused; `changed_ops='by_place'` saves it from each op's
+    first-batch place instead, with an OpSequenceChangedWarning.
 
     With `tensorboard` (a folder or a SummaryWriter), each batch also gets a histogram and
     mean/std scalars per extracted layer at step = batch index (see torchlog.export); every
@@ -79,7 +82,8 @@ def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | No
     with batch_summaries(tensorboard) as on_batch:
         return _extraction().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
                                      progress=progress, compression=compression, on_batch=on_batch,
-                                     chunks=chunks, random_seed=random_seed, stop_after=stop_after)
+                                     chunks=chunks, random_seed=random_seed, stop_after=stop_after,
+                                     changed_ops=changed_ops)
 
 
 def _extraction() -> Any:
@@ -101,5 +105,5 @@ __all__ = [
     "OpSequenceChangedWarning", "DistributedExtractError", "InterventionError", "interventions",
     "patching", "select", "datasets",
     "compare", "Comparison", "ComparisonError", "find_nonfinite", "run", "RunResult",
-    "log_generation", "GenerationHistory", "StepNotFoundError", "GenerationError",
+    "log_generation", "load_generation", "GenerationHistory", "StepNotFoundError", "GenerationError",
 ]

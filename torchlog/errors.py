@@ -96,7 +96,7 @@ class IncompleteLogWarning(TorchlogWarning):
 
 
 class OpSequenceChangedWarning(TorchlogWarning):
-    """An extract batch ran other ops than the first batch, so it was saved the slow, exact way."""
+    """A dataset batch ran other ops than the first batch, and changed_ops='by_place' saved it from its ops' places."""
 
 
 class DistributedExtractError(TorchlogError, RuntimeError):

@@ -37,8 +37,13 @@ class Net(nn.Module):
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator))
         self.changes = False
+        self.changes_early = False
+        self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.changes_early and self.calls == 11:  # batch 10 in one process (counted: a test ran no op)
+            x = x * 1  # before the saved layers: their call numbers move, their places do not
         out = self.fc2(torch.relu(self.fc1(x)))
         if self.changes and bool((x[:, 0] > 50).any()):
             out = out * 2  # after the saved layers: their labels stay, the op sequence changes
@@ -54,6 +59,13 @@ def changing_model() -> nn.Module:
     """The model whose op sequence changes for the batch holding the marked sample."""
     net = Net().eval()
     net.changes = True
+    return net
+
+
+def early_changing_model() -> nn.Module:
+    """The model that runs one more op before the saved layers in its 11th call (batch 10 in one process)."""
+    net = Net().eval()
+    net.changes_early = True
     return net
 
 

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--stop-after", default=None, metavar="SITE",
                          help="end each batch right after this label, module address ('h.3:1') or "
                               "position: the rest of the model does not run")
+    command.add_argument("--changed-ops", choices=("error", "by_place"), default="error",
+                         help="a batch running other ops than the first before a chosen op: refuse it "
+                              "(error, the default) or save each op from its first-batch place (by_place)")
     command.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                          help="torch.distributed backend (default: nccl with CUDA, else gloo)")
     command.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -89,7 +92,8 @@ def run_extract(args: argparse.Namespace) -> str:
         acts = extract(model, data, [_entry(e) for e in args.layers], args.to, args.batch_size,
                        overwrite=args.overwrite, progress=False if args.no_progress else None,
                        compression=args.compression, chunks=args.chunks, random_seed=args.seed,
-                       stop_after=None if args.stop_after is None else _entry(args.stop_after))
+                       stop_after=None if args.stop_after is None else _entry(args.stop_after),
+                       changed_ops=args.changed_ops)
         return f"wrote {acts!r}" if _rank() == 0 else ""
     finally:
         if joined:

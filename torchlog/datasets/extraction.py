@@ -1,9 +1,10 @@
 """`extract`: chosen layers over a dataset into one array per layer, resumably, in one or many processes.
 
-This module drives the model: the batches in a fixed order (batches.py), each run once with
-the selection resolved on the first batch (extract_plan.py), seeded, under `no_grad`. The
-values go to storage's HDF5 sink (`torchlog.storage.extraction.ExtractSink`, reached
-lazily: h5py is an optional extra), which checks, writes, resumes and joins the files.
+This module runs the batches in a fixed order (batches.py), a rank's share of them, each
+captured by the dataset driver (driver.py: the first batch logged once, later batches with
+module hooks or the lean capture, seeded, under `no_grad`), and hands each batch's values,
+by label, to storage's HDF5 sink (`torchlog.storage.extraction.ExtractSink`, reached lazily:
+h5py is an optional extra), which checks, writes, resumes and joins the files.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from torchlog.datasets.batches import Batches, batch_len
-from torchlog.datasets.extract_plan import ExtractPlan
+from torchlog.datasets.driver import Driver, DriverOptions
 from torchlog.errors import InvalidOptionError, LogFileError
 from torchlog.optional import require
 from torchlog.seeding import seeded
@@ -29,18 +30,19 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             batch_size: int | None = None, overwrite: bool = False, progress: bool | None = None,
             compression: str | None = None, on_batch: Callable[[Any, int], None] | None = None,
             chunks: bool | int | None = None, random_seed: int = 0,
-            stop_after: Any = None) -> Any:
+            stop_after: Any = None, changed_ops: str = "error") -> Any:
     """Save `layers` of `model` over every batch of `inputs` into one array per layer in `to`.
 
-    The model is called once per batch. The first batch is logged once, which finds the
-    layers and gives that batch's values; later batches run with module hooks (every
-    entry a module address) or a lean capture. A batch whose ops differ from the first
-    batch's is saved from that same call, each layer from its first-batch place (a
-    module's k-th call, or the n-th call of an op's function inside its module), with an
-    OpSequenceChangedWarning; a layer whose place did not run makes it refused. Each batch
-    runs under torch.no_grad() with the RNGs seeded to `random_seed` + its index. Rerunning
-    after an interruption continues after the last finished batch. Under torch.distributed
-    (e.g. torchrun), rank r of n takes the r-th of n blocks of batches, writes
+    The model is called once per batch, by the dataset driver (torchlog.datasets): the first
+    batch is logged once, which finds the layers and gives that batch's values; later
+    batches run with module hooks (module addresses) and a lean capture (other entries). A
+    batch whose ops differ from the first batch's before a chosen op is refused
+    (InvalidOptionError), before its values are written; with `changed_ops='by_place'` it is
+    saved instead from that same call, each op from its first-batch place (the n-th call of
+    its function inside its module), with an OpSequenceChangedWarning. Each batch runs under
+    torch.no_grad() with the RNGs seeded to `random_seed` + its index. Rerunning after an
+    interruption continues after the last finished batch. Under torch.distributed (e.g.
+    torchrun), rank r of n takes the r-th of n blocks of batches, writes
     `<to stem>.shard{r}-of-{n}.h5`, and rank 0 writes `to` joining them; each rank then
     returns the joined file.
 
@@ -71,6 +73,10 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             each batch ends right after it, so the rest of the model never runs (the
             layers must all run before it). Every batch then runs lean or logged, not with
             module hooks.
+        changed_ops: 'error' refuses a batch that runs other ops than the first batch before
+            a chosen op (its call numbers would name other ops); 'by_place' saves it from its
+            first-batch places, with a warning. A module address is found by its hooks
+            whatever runs around it; its number of calls must match the first batch's.
 
     Returns:
         The file (a torchlog.storage ActivationFile), opened for reading as numpy arrays.
@@ -78,7 +84,9 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
     Raises:
         MissingDependencyError: h5py is not installed.
         InvalidArgumentTypeError, InvalidOptionError: bad arguments, an entry that selects
-            nothing, or samples of different shapes; before any file is written.
+            nothing, or samples of different shapes, before any file is written; a batch
+            that runs other ops than the first before a chosen layer (changed_ops='error'),
+            or does not run one, before that batch is written.
         LogFileExistsError: `to` (or a shard) exists and is not an unfinished extract of this
             same run (model, layers, batch size, number of processes).
         LogFileError: a layer's output has no batch axis or changes shape between batches,
@@ -102,8 +110,9 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
     entries = _check_layers(layers)
     sink = hdf5.ExtractSink(to, type(model).__name__, entries, batches.batch_size, batches.num_samples,
                             options, chunks, stop_after)
-    job = _Job(ExtractPlan(model, entries, needs_history=on_batch is not None, stop_after=stop_after),
-               batches, sink, random_seed, on_batch)
+    driver = Driver(model, entries, stop_after, DriverOptions(
+        every_output=True, seed=random_seed, changed_ops=changed_ops, keep_history=on_batch is not None))
+    job = _Job(driver, batches, sink, on_batch)
     with _rng_states_kept(batches, on_batch, random_seed):
         problem, state = None, None
         try:
@@ -113,7 +122,7 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
         sink.agree(problem, overwrite)
         done, stream, first = state
         with _ProgressBar(sink, batches, progress) as bar:
-            with sink.writing(bool(done), batches.num_samples_in(job.share), job.plan.selected):
+            with sink.writing(bool(done), batches.num_samples_in(job.share), job.selected()):
                 job.count(bar, len(done))
                 for index, batch, saved in _chain(first, stream, job):
                     job.write(index, batch, saved)
@@ -133,15 +142,13 @@ def _rng_states_kept(batches: Batches, on_batch: Callable | None, seed: int) -> 
 
 
 class _Job:
-    """One process's part of an extract: its batches, the plan that runs them, and the sink."""
+    """One process's part of an extract: its batches, the driver that runs them, and the sink."""
 
-    def __init__(self, plan: ExtractPlan, batches: Batches, sink: Any, seed: int,
-                 on_batch: Callable | None) -> None:
-        self.plan = plan
+    def __init__(self, driver: Driver, batches: Batches, sink: Any, on_batch: Callable | None) -> None:
+        self.driver = driver
         self.batches = batches
         self.sink = sink
         self.share = batches.share(sink.group.rank, sink.group.world_size)
-        self.seed = seed
         self.on_batch = on_batch
 
     def start(self, overwrite: bool) -> tuple[list[int], Iterator, tuple | None]:
@@ -170,7 +177,15 @@ class _Job:
                 "start over)")
 
     def save(self, index: int, batch: Any) -> tuple[dict, Any]:
-        return self.plan.save(batch, self.seed + index, index)
+        """The batch's values by label, and its history when each batch is logged for on_batch."""
+        return self.driver.by_label(batch, index), self.driver.history
+
+    def selected(self) -> list[tuple[Any, list[str]]]:
+        """Which entry chose which labels on the first batch (none when no batch ran)."""
+        selection = self.driver.selection
+        if selection is None:
+            return []
+        return [(site, [c.label for c in chosen]) for site, chosen in selection.per_site.items()]
 
     def write(self, index: int, batch: Any, saved: tuple[dict, Any]) -> None:
         values, history = saved

@@ -135,7 +135,7 @@ def test_user_sink_objects_and_lists() -> None:
 
 
 def test_a_site_that_names_nothing_lists_the_closest() -> None:
-    with pytest.raises(InvalidOptionError, match=r"site 'fc3' names no layer.*closest: fc2"):
+    with pytest.raises(InvalidOptionError, match=r"site 'fc3' matches no layer.*closest: fc2"):
         statistics(Net(), torch.randn(4, 4), ["fc3"], progress=False)
     with pytest.raises(InvalidOptionError, match=r"site 'act:3' gave no value in batch 0: module 'act' returned "
                                                  r"a tensor in 2 call\(s\)"):
@@ -205,3 +205,35 @@ def test_ops_that_differ_only_after_the_chosen_site_are_fine() -> None:
     batches = [torch.randn(3, 2), torch.randn(2, 2)]
     found = _collect(Tail(), batches, ["exp"])
     assert [torch.equal(v, b.exp()) for (_, v), b in zip(found["exp"], batches)] == [True, True]
+
+
+def test_an_input_is_taken_from_the_call_and_a_buffer_from_a_logged_pass_of_each_batch() -> None:
+    from tests.models import WithBuffers
+    from torchlog.history import all_passes
+
+    torch.manual_seed(5)
+    model, calls = WithBuffers(), []
+    model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    batches = [torch.randn(2, 4) for _ in range(3)]
+    found = _collect(model, batches, [0, "buffer"])
+    assert len(calls) == 3  # one call per batch, each logged for the buffers
+    assert [torch.equal(v, b) for (_, v), b in zip(found[0], batches)] == [True] * 3
+    for index, batch in enumerate(batches):  # the oracle: each batch's own logged pass
+        history = torchlog.log_forward_pass(model, batch, layers_to_save=["buffer"])
+        expected = [p.tensor_contents for p in all_passes(history) if p.tensor_contents is not None]
+        values = [v for i, v in found["buffer"] if i == index]
+        assert len(values) == len(expected) >= 2
+        assert all(torch.equal(v, e) for v, e in zip(values, expected))
+
+
+def test_a_pass_with_only_an_input_site_still_ends_at_stop_after() -> None:
+    class RaisesAfterRelu(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(x)
+            raise RuntimeError("ran past the stop")
+
+    batches = [torch.randn(2, 3) for _ in range(3)]
+    found = _collect(RaisesAfterRelu(), batches, [0], stop_after="relu")
+    assert [torch.equal(v, b) for (_, v), b in zip(found[0], batches)] == [True] * 3
+    with pytest.raises(RuntimeError, match="ran past the stop"):  # the control: without the stop
+        _collect(RaisesAfterRelu(), batches, [0])

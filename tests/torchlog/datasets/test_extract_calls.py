@@ -1,5 +1,6 @@
 """extract calls the model once per batch: the first batch's values come from its own logged
-pass, and a batch that runs other ops is saved from that same call, at the first batch's places."""
+pass; a batch that runs other ops before a chosen op is refused, or with changed_ops='by_place'
+saved from that same call, at the first batch's places."""
 from __future__ import annotations
 
 import warnings
@@ -10,12 +11,7 @@ import torch
 from torch import nn
 
 import torchlog
-from tests.models import TINY_MODELS, ModuleOutputs
-from torchlog.history import all_passes
-from torchlog.model_state import model_kept
-from torchlog.seeding import seeded
-from torchlog.errors import OpSequenceChangedWarning
-from torchlog.datasets.extract_plan import ExtractPlan, _lean_kind, _lean_runner
+from torchlog.errors import InvalidOptionError, OpSequenceChangedWarning
 
 NUM_BATCHES, BATCH = 5, 4
 
@@ -83,16 +79,19 @@ def test_five_batches_are_five_calls_and_the_plain_loops_rows(tmp_path: Path, ca
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_batch_running_other_ops_is_still_one_call_with_the_plain_loops_rows(tmp_path: Path, case: str) -> None:
+def test_a_batch_running_other_ops_by_place_is_still_one_call_with_the_plain_loops_rows(tmp_path: Path,
+                                                                                       case: str) -> None:
     entries, oracle_of = CASES[case]
     model, batches = CountingNet(), _batches(marked=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        acts = torchlog.extract(model, batches, entries, tmp_path / "acts.h5", progress=False)
+        acts = torchlog.extract(model, batches, entries, tmp_path / "acts.h5", progress=False,
+                                changed_ops="by_place")
     changed = [str(w.message) for w in caught if issubclass(w.category, OpSequenceChangedWarning)]
-    if case == "labels":  # module hooks see the same module calls: only the lean pass notices
-        assert len(changed) == 1 and changed[0].startswith("batch 2 ran other ops than the first batch "
-                                                           "(call 5 is 'sin' where the first batch had 'relu'")
+    if case == "labels":  # module hooks find the same module calls: only the lean pass notices
+        assert len(changed) == 1 and changed[0].startswith("batch 2 ran other ops than the first batch before a "
+                                                           "chosen site: after 4 equal calls it ran 'sin' where "
+                                                           "the first batch ran 'relu'")
     else:
         assert changed == []
     assert model.calls == NUM_BATCHES
@@ -101,32 +100,18 @@ def test_a_batch_running_other_ops_is_still_one_call_with_the_plain_loops_rows(t
         torch.testing.assert_close(acts.tensor(label), expected[name], rtol=1e-6, atol=1e-6)
 
 
-def test_a_selection_the_lean_pass_cannot_find_logs_each_batch_once() -> None:
-    from tests.models import WithBuffers
+def test_a_batch_running_other_ops_before_a_chosen_op_is_refused_by_default(tmp_path: Path) -> None:
+    entries, _ = CASES["labels"]
+    model, batches = CountingNet(), _batches(marked=2)
+    with pytest.raises(InvalidOptionError, match=r"batch 2 ran other ops than the first batch before a chosen "
+                                                 r"site: after 4 equal calls it ran 'sin' where the first batch "
+                                                 r"ran 'relu'.*changed_ops='by_place'"):
+        torchlog.extract(model, batches, entries, tmp_path / "acts.h5", progress=False)
+    assert model.calls == 3  # batches 0 and 1 written, batch 2 refused before it was
 
-    model, calls = WithBuffers(), []
-    model.register_forward_pre_hook(lambda m, args: calls.append(1))
-    plan = ExtractPlan(model, ["buffer"])
-    for index in range(3):
-        plan.save(torch.randn(2, 4), index, index)
-    assert plan.kind == "full" and len(calls) == 3
 
-
-@pytest.mark.parametrize("name", sorted(TINY_MODELS) + ["module_outputs"])
-def test_places_pick_the_ops_that_call_positions_pick(name: str) -> None:
-    """On a batch that runs the first batch's ops, every op found at its place (function,
-    innermost module, count) is the op at its call position: the lean pass attributes ops to
-    modules as the logged pass does, on every hard case of tests/models.py."""
-    make_model, make_input = {**TINY_MODELS, "module_outputs": (ModuleOutputs, lambda: torch.randn(2, 3))}[name]
-    torch.manual_seed(0)
-    model, x = make_model(), make_input()
-    named = list(model.named_modules())
-    with torch.no_grad():
-        history = torchlog.log_forward_pass(model, x, layers_to_save="all", random_seed=0)
-        ops = [p for p in all_passes(history) if _lean_kind(p) == "op"]
-        runner, _ = _lean_runner(all_passes(history), ops, [p.label for p in ops], named)
-        with seeded(0), model_kept(named):
-            seen = runner.run(model, (x,), {})
-    assert list(seen.by_place) == list(seen.by_call) == [p.label for p in ops]
-    for label, value in seen.by_call.items():
-        assert seen.by_place[label] is value or torch.equal(seen.by_place[label], value), label
+def test_a_bad_changed_ops_is_refused_before_the_model_runs(tmp_path: Path) -> None:
+    model = CountingNet()
+    with pytest.raises(InvalidOptionError, match=r"changed_ops must be 'error' .* or 'by_place', got 'place'"):
+        torchlog.extract(model, _batches(None), ["fc1"], tmp_path / "acts.h5", changed_ops="place")
+    assert model.calls == 0 and not (tmp_path / "acts.h5").exists()

@@ -6,6 +6,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import torchlog
 from tests.storage import extract_factories as factories
@@ -57,7 +58,7 @@ def test_a_layer_that_selects_nothing_is_refused_before_the_file_is_replaced(
                    "--layers", "conv2d", "--batch-size", "4", "--to", str(tmp_path / "acts.h5"),
                    "--overwrite", "--no-progress"])
     assert status == 1
-    assert "layers_to_save entry 'conv2d' matches no layer" in capsys.readouterr().err
+    assert "site 'conv2d' matches no layer" in capsys.readouterr().err
     assert (tmp_path / "acts.h5").read_bytes() == before
 
 
@@ -72,3 +73,19 @@ def test_stop_after_ends_each_batch_as_extract_does(tmp_path: Path) -> None:
     np.testing.assert_array_equal(acts["relu_1_2"], expected["relu_1_2"])
     with h5py.File(tmp_path / "acts.h5", "r") as file:
         assert file.attrs["stop_after"] == '"relu_1_2"'
+
+
+def test_a_batch_running_other_ops_is_refused_unless_changed_ops_by_place(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    model = f"{FACTORIES}:early_changing_model"
+    assert _run(tmp_path, model=model) == 1
+    assert ("batch 10 ran other ops than the first batch before a chosen site: after 0 equal calls it ran 'mul' "
+            "where the first batch ran 'linear'") in capsys.readouterr().err
+    with pytest.warns(torchlog.OpSequenceChangedWarning, match="batch 10 ran other ops"):
+        assert _run(tmp_path, "--overwrite", "--changed-ops", "by_place", model=model) == 0
+    acts = torchlog.storage.open_activations(tmp_path / "acts.h5")
+    net, samples = factories.model(), factories.data().values
+    with torch.no_grad():  # the oracle: the plain computation (x * 1 changes no value)
+        hidden = torch.relu(net.fc1(samples))
+        np.testing.assert_allclose(acts["relu_1_2"], hidden.numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(acts[-1], net.fc2(hidden).numpy(), rtol=1e-6, atol=1e-6)
