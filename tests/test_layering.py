@@ -24,8 +24,11 @@ UPWARD_ENTRY_POINTS = {
     ("torchlog.history", "torchlog.export"),
     ("torchlog.arguments", "torchlog.vis"),
     ("torchlog.api", "torchlog.storage"),
+    ("torchlog.generation.saving", "torchlog.storage"),
+    ("torchlog.generation.history", "torchlog.vis"),
     ("torchlog.datasets.extraction", "torchlog.storage"),
     ("torchlog.datasets.results", "torchlog.storage"),
+    ("torchlog.datasets.checkpoint", "torchlog.storage"),
     ("torchlog.patching.result", "torchlog.vis"),
 }
 

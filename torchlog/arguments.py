@@ -87,42 +87,43 @@ def _plugins() -> tuple:
 
 
 def _check_not_meta(named_modules: list) -> None:
-    """Refuse a model with a parameter or buffer on the meta device, which holds no values.
+    """Refuse a model with a parameter or buffer on the meta device, which holds no values,
+    unless an accelerate hook on its module (or one above) loads it for each call
+    (capture/offload.py logs such a model with the weights the hook loads).
 
     Raises:
-        ModelInputError: naming the first such tensor; for a model offloaded by accelerate
-            (its hooks load such weights only while their module runs), saying so.
+        ModelInputError: naming the first such tensor.
     """
+    offloaded: tuple[str, ...] | None = None  # found at the first meta tensor: most models have none
+    below: tuple[str, ...] = ()  # the prefixes of their submodules' addresses
     for address, module in named_modules:
         params, buffers = module._parameters, module._buffers
         if not params and not buffers:  # most modules: activations, containers
             continue
         for name, tensor in (*params.items(), *buffers.items()):
             if tensor is not None and tensor.is_meta:
+                if offloaded is None:
+                    offloaded = _offloaded(named_modules)
+                    below = tuple(f"{a}." if a else "" for a in offloaded)
+                if address in offloaded or address.startswith(below):
+                    continue
                 name = f"{address}.{name}" if address else name
-                if _is_offloaded(address, named_modules):
-                    raise ModelInputError(
-                        f"model parameter {name!r} is offloaded by accelerate (cpu_offload, disk_offload, "
-                        "or dispatch_model with 'cpu' or 'disk' in its device_map): it sits on the meta "
-                        "device until its module runs, which torchlog cannot log yet; load the model "
-                        "without offloading (a device_map that puts every module on a device)")
                 raise ModelInputError(
                     f"model parameter or buffer {name!r} is on the meta device and holds no "
                     "values; materialise the model first (model.to_empty(device='cpu') and load "
                     "weights)")
 
 
-def _is_offloaded(address: str, named_modules: list) -> bool:
-    """Whether the module at `address`, or one above it, carries an accelerate hook that
-    offloads weights (read by duck typing: torchlog does not import accelerate)."""
-    for found, module in named_modules:
-        if found and found != address and not address.startswith(found + "."):
-            continue  # not the module or one above it
-        hook = getattr(module, "_hf_hook", None)
+def _offloaded(named_modules: list) -> tuple[str, ...]:
+    """Addresses of the modules carrying an accelerate hook that loads offloaded weights
+    (read by duck typing: torchlog does not import accelerate)."""
+    found = []
+    for address, module in named_modules:
+        hook = module.__dict__.get("_hf_hook")
         hooks = getattr(hook, "hooks", (hook,))  # accelerate's SequentialHook holds several
         if any(getattr(h, "offload", False) is True for h in hooks):
-            return True
-    return False
+            found.append(address)
+    return tuple(found)
 
 
 class _Forward(NamedTuple):

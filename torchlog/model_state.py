@@ -70,9 +70,11 @@ class model_kept:  # noqa: N801 - used like a function: `with model_kept(named_m
         self.flags = [(module, module.training) for _, module in named_modules]
         if any(module._buffers for _, module in named_modules):
             with torch._C.DisableTorchFunction():  # never logged by an outer log_forward_pass
+                # A buffer on the meta device (offloaded by accelerate) holds no values to keep.
                 self.kept = [(module, dict(module._buffers),
-                              {name: b.detach().clone() for name, b in module._buffers.items() if b is not None},
-                              {name: b.data for name, b in module._buffers.items() if b is not None})
+                              {name: b.detach().clone() for name, b in module._buffers.items()
+                               if b is not None and not b.is_meta},
+                              {name: b.data for name, b in module._buffers.items() if b is not None and not b.is_meta})
                              for _, module in named_modules if module._buffers]
 
     def __exit__(self, *exc_info: object) -> bool:

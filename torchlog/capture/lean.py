@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 # The recorder's own rules for which calls are ops: the lean count must match its call_id.
 from torchlog.capture.ops import DESCRIPTIONS, UNDEFINED_VALUES, collapse, describe, output_tensors
 from torchlog.capture.module_acts import ExitActs, exit_refusal
+from torchlog.capture.offload import offload_hooks
 from torchlog.capture.plan import (Firing, FiringRecord, OpPlan, OpView, StopCapture, deliver, first_difference,
                                    is_written, run_action)
 from torchlog.errors import InterventionError
@@ -254,7 +255,7 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
         exits = ExitActs(plan, dict(model.named_modules() if named_modules is None else named_modules))
     output, stopped = None, False
     try:
-        with mode, (exits if exits is not None else contextlib.nullcontext()):
+        with offload_hooks(model, named_modules), mode, (exits if exits is not None else contextlib.nullcontext()):
             if exits is not None:  # one order of firings, one table of values acted on
                 exits.firings, exits.acted = mode.firings, mode.acted
             output = model(*args, **kwargs)
@@ -277,7 +278,7 @@ def _hooks_only(model: nn.Module, args: tuple, kwargs: dict, plan: OpPlan, named
     """The pass with the plan's module hooks and no mode (nothing to count)."""
     exits = ExitActs(plan, dict(model.named_modules() if named_modules is None else named_modules))
     try:
-        with exits:
+        with offload_hooks(model, named_modules), exits:  # a raising forward puts offloaded weights back
             return LeanPass([], {}, model(*args, **kwargs), {}, False, exits.firings)
     except StopCapture as stop:
         if stop.error is not None:

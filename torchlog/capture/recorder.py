@@ -374,6 +374,17 @@ class Recorder:
         self._maybe_save(node, t)
         return node
 
+    def note_copy(self, old: torch.Tensor, new: torch.Tensor) -> None:
+        """`new` is a copy of `old` made by no logged op (accelerate moving it to another
+        device, capture/offload.py): readers of `new` find `old`'s node as its producer."""
+        if id(old) in self.param_info:
+            return
+        ref = self.producer.get(id(old))
+        index = self._current_node(old, ref) if ref is not None else self._source_for(old)
+        copy = _TensorRef(new, self._forget)
+        copy.key, copy.node, copy.version = id(new), index, _version(new)
+        self.producer[id(new)] = copy
+
     def _source_for(self, t: torch.Tensor) -> int:
         address = self.buffer_addresses.get(id(t))
         kind = "buffer" if address is not None else "source"

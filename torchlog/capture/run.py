@@ -15,6 +15,7 @@ from torchlog.capture.boundaries import module_boundaries
 from torchlog.capture.call_sites import call_site, mark_boundary
 from torchlog.capture.captured import CapturedPass, ModuleInfo
 from torchlog.capture.nesting import Attribute, find_tensors
+from torchlog.capture.offload import offload_hooks
 from torchlog.capture.options import CaptureOptions
 from torchlog.capture.plan import StopCapture
 from torchlog.capture.recorder import PASS_THROUGH, Recorder
@@ -81,6 +82,7 @@ def _run_recorded(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dic
     try:
         extras = recorder.options.plugins or recorder.profiler is not None
         with module_boundaries(recorder, recorder.named_modules), \
+                offload_hooks(model, recorder.named_modules, recorder), \
                 (contextlib.ExitStack() if extras else contextlib.nullcontext()) as plugins:
             if extras:
                 for plugin in recorder.options.plugins:

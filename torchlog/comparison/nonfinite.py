@@ -9,7 +9,7 @@ from torch import nn
 
 from torchlog.api import log_prepared
 from torchlog.arguments import prepare
-from torchlog.capture import OpPlan
+from torchlog.capture import UNDEFINED_VALUES, OpPlan
 from torchlog.errors import InvalidArgumentTypeError
 from torchlog.history import ModelHistory
 from torchlog.options import LogOptions
@@ -24,7 +24,9 @@ def first_nonfinite(history: ModelHistory) -> PassRecord | None:
 
     Parents run before their children, so the first pass holding one is that pass,
     unless a parent's value was not saved (then it cannot be checked, and counts as
-    finite). Values are read one at a time: a history opened from a file stays on disk.
+    finite). `torch.empty` and its kin are skipped: their values are whatever memory held,
+    so a NaN there is garbage, not where one came from. Values are read one at a time: a
+    history opened from a file stays on disk.
 
     Raises:
         InvalidArgumentTypeError: `history` is not a ModelHistory.
@@ -41,7 +43,8 @@ def first_nonfinite(history: ModelHistory) -> PassRecord | None:
     if not isinstance(history, ModelHistory):
         raise InvalidArgumentTypeError(f"first_nonfinite() takes a ModelHistory, got {history!r} "
                                        f"of type {type(history).__name__}")
-    return next((record for record in history if has_nonfinite(record.tensor_contents)), None)
+    return next((record for record in history
+                 if record.func_name not in UNDEFINED_VALUES and has_nonfinite(record.tensor_contents)), None)
 
 
 def has_nonfinite(value: Any) -> bool:

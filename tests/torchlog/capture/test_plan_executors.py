@@ -129,3 +129,20 @@ def test_a_watch_never_stops_at_uninitialised_memory(executor) -> None:
     else:
         seen = run_lean(model, (x,), {}, {}, plan=plan)
         assert seen.stopped and call_names(seen.calls) == ["empty", "add"]
+
+
+def test_find_nonfinite_skips_the_garbage_uninitialised_memory_held() -> None:
+    """With deterministic algorithms torch fills `torch.empty` with NaN: find_nonfinite must
+    still name the op the NaN came from, not the saved garbage of the empty tensor it filled."""
+    class LogOfNegative(StartsEmpty):
+        def forward(self, x):
+            return super().forward(x).log()
+
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # its fill_uninitialized_memory makes empty NaN
+    try:
+        assert torch.isnan(torch.empty(2)).all()
+        found = torchlog.find_nonfinite(LogOfNegative(), -torch.ones(3) * 5)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert found is not None and found.func_name == "log"
