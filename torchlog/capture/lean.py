@@ -245,9 +245,9 @@ def run_lean(model: nn.Module, args: tuple, kwargs: dict, wanted: Mapping[int, t
     refused = lean_refusal(plan) if plan is not None else None
     if refused is not None:
         raise InterventionError(f"the lean capture cannot honour this plan: {refused}")
+    if not count and not wanted and not places and stop_call is None and plan is not None and _exits_only(plan):
+        return _hooks_only(model, args, kwargs, plan, named_modules)
     mode = _LeanMode(wanted, places or {}, plan, stop_call)
-    if not count and not wanted and not places and stop_call is None and _exits_only(mode.plan):
-        return _hooks_only(model, args, kwargs, mode.plan, named_modules)
     follow = bool(places) or (plan is not None and bool(plan.at_ops))
     handles = _follow_modules(model, mode, named_modules) if follow else ()
     exits = None

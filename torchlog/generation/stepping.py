@@ -29,7 +29,11 @@ class StepLogger:
     """While entered, every call of `model` is one step, run by `run_step`.
 
     The model's instance `forward` is set to a wrapper for the duration and put back on
-    exit (the attribute the user had, or none), also when generation raises. A call from
+    exit (the attribute the user had, or none), also when generation raises. The model's
+    own forward hooks and pre-hooks run once per step, around the run inside the step as
+    around a plain call: the call from outside runs none (they are held apart from it, and
+    put back for the step's runs and on exit), else a hook that edits the output would
+    edit it twice. A call from
     outside (generate, a decode loop) is a step: `run_step(args, kwargs, k)` runs it, by
     calling the model again (through `log_forward_pass`, `torchlog.run` or plainly); such
     an inner call runs the original forward, whose output is handed back to the outer
@@ -56,20 +60,37 @@ class StepLogger:
         self._written: torch.Tensor | None = None  # a given tensor a run wrote into
         self._runs = 0  # runs of the model in the current step
         self._output: Any = None
+        # The model's hook tables, and what each held while the call from outside runs.
+        self._hook_tables = (model._forward_pre_hooks, model._forward_hooks)
+        self._held: tuple[dict, ...] = ()
 
     def __enter__(self) -> StepLogger:
         def forward(*args: Any, **kwargs: Any) -> Any:
             return self._run(args, kwargs) if self._inside else self._step(args, kwargs)
         # The original's signature and name: log_forward_pass reads forward's parameters.
         self.model.forward = functools.update_wrapper(forward, self._original)
+        self._hold_hooks()
         return self
 
     def __exit__(self, *exc_info: object) -> bool:
+        self._put_hooks_back()
         if self._had_own:
             self.model.forward = self._original
         else:
             vars(self.model).pop("forward", None)
         return False
+
+    def _hold_hooks(self) -> None:
+        """Empty the model's hook tables (the same dicts: handles keep working) for the call
+        from outside, keeping what they held."""
+        self._held = tuple(dict(table) for table in self._hook_tables)
+        for table in self._hook_tables:
+            table.clear()
+
+    def _put_hooks_back(self) -> None:
+        for table, held in zip(self._hook_tables, self._held):
+            table.update(held)
+        self._held = ()
 
     def _step(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Run one call as the next step and return what forward returned."""
@@ -77,10 +98,12 @@ class StepLogger:
         self._before = None if once else ArgumentState(args, kwargs)
         self._after, self._written, self._runs = None, None, 0
         self._inside = True
+        self._put_hooks_back()
         try:
             result = self.run_step(list(args), kwargs, len(self.steps))
             output = self._output
         finally:
+            self._hold_hooks()
             if self._after is not None:
                 self._after.restore()  # the cache as the last run left it, for the next step
             self._inside, self._before, self._after, self._output = False, None, None, None
@@ -99,8 +122,7 @@ class StepLogger:
         if self._before is None:  # a step said to run once: no snapshot to restore
             if self._runs > 1:
                 raise GenerationError(f"step {len(self.steps)} was to call the model once and called it again")
-            self._output = self._original(*args, **kwargs)
-            return self._output
+            return self._ran(self._original(*args, **kwargs))
         if self._written is not None:
             raise GenerationError(
                 f"a step wrote into a tensor of shape {tuple(self._written.shape)} it was given (a "
@@ -109,12 +131,25 @@ class StepLogger:
                 "intervention sites and layers_to_save by module address or full label, which need "
                 "one run, or generate with a dynamic cache")
         try:
-            self._output = self._original(*args, **kwargs)
+            output = self._original(*args, **kwargs)
         finally:
             self._written = self._before.written()
             self._after = ArgumentState(args, kwargs)
             self._before.restore()
-        return self._output
+        return self._ran(output)
+
+    def _ran(self, output: Any) -> Any:
+        """Keep what this run's call returns once every forward hook registered before it
+        ran (the user's, torchlog's edits at the model's output): the output the step hands
+        back. A hook added now runs after them, and removes itself."""
+        self._output = output
+        handle = None
+
+        def keep(module: nn.Module, args: tuple, returned: Any) -> None:
+            self._output = returned
+            handle.remove()
+        handle = self.model.register_forward_hook(keep)
+        return output
 
 
 def _token_ids(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:

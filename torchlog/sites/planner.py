@@ -58,6 +58,7 @@ class Planner:
         self._stop_guess = (None if stop_after is None or self._stop_exit is not None
                             else _node_guess(stop_after, pass_written=True))
         self.save_everything = False  # an entry only a finished pass can decide
+        self._first_plan: OpPlan | None = None
         self._save_nodes: set[int] = set()
         self._save_exits: dict[str, set[int] | None] = {}
         self._save_ops: list = []
@@ -80,7 +81,13 @@ class Planner:
     def first_plan(self) -> OpPlan:
         """The plan of a pass with no probe: runtime rules, guessed label sites and stop,
         and the saves decided as the pass runs (the capture's `save_indices` and
-        `save_all` come from `save_indices` and `save_everything`)."""
+        `save_all` come from `save_indices` and `save_everything`). Made once: the planner
+        is not changed after it is built, and a plan is frozen."""
+        if self._first_plan is None:
+            self._first_plan = self._make_first_plan()
+        return self._first_plan
+
+    def _make_first_plan(self) -> OpPlan:
         stop_node, stop_type = self._stop_guess if self._stop_guess is not None else (None, None)
         return OpPlan(at_ops=tuple(self._ops), at_exits=self._exit_rules(), at_entries=self._entry_rules(),
                       stop_exit=self._stop_exit,
