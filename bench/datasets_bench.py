@@ -10,7 +10,9 @@ token batches made as they are read (so the data itself holds no memory).
   of values and squares), over the same N batches; round-robin, median process CPU time
   (bench/round_robin.py). The row reads the loop's time over statistics' time: the
   fraction of the hand loop's throughput statistics reach (bar: >= 0.90). Beside it, the
-  default statistics (every elementwise one) and a label site (run under the lean capture).
+  default statistics (every elementwise one), a label site (run under the lean capture),
+  mean and var with a checkpoint saved every 5 batches (statistics(checkpoint=): an HDF5
+  file of the state, rewritten whole), and a histogram with learned bins.
 - Memory: in fresh processes, statistics over N and over 10 N batches, each after a
   one-batch warm-up; the peak resident set above the warm-up's (ru_maxrss), and the ratio
   of the two (bar: <= 1.10 plus 4 MiB of slack: independent of the number of batches).
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,13 +75,15 @@ def hand_loop(model: torch.nn.Module, count: int) -> tuple[torch.Tensor, torch.T
     return mean, sums["ss"] / sums["n"] - mean * mean
 
 
-def _statistics(model: torch.nn.Module, count: int, site: Any = SITE, stats: Any = ("mean", "var")) -> Any:
+def _statistics(model: torch.nn.Module, count: int, site: Any = SITE, stats: Any = ("mean", "var"),
+                **options: Any) -> Any:
     return torchlog.datasets.statistics(model, batches(count), [site], stats=list(stats), reduce="tokens",
-                                        progress=False)
+                                        progress=False, **options)
 
 
 def _throughput_rows(model: torch.nn.Module, count: int, rounds: int) -> list[str]:
     label = torchlog.log_forward_pass(model, next(batches(1)), layers_to_save=None)[SITE].label
+    folder = tempfile.mkdtemp()
     mean, var = hand_loop(model, count)
     found = _statistics(model, count)[SITE]
     assert torch.allclose(found.mean, mean, atol=1e-9) and torch.allclose(found.var, var, rtol=1e-6, atol=1e-9)
@@ -87,6 +93,10 @@ def _throughput_rows(model: torch.nn.Module, count: int, rounds: int) -> list[st
         f"statistics {SITE!r} (DEFAULT_STATS)": lambda: _statistics(model, count,
                                                                     stats=torchlog.datasets.DEFAULT_STATS),
         f"statistics label {label!r} (mean, var)": lambda: _statistics(model, count, site=label),
+        f"statistics {SITE!r} checkpoint every 5": lambda: _statistics(
+            model, count, checkpoint=os.path.join(folder, "state.h5"), checkpoint_every=5),
+        f"statistics {SITE!r} learned histogram": lambda: _statistics(
+            model, count, stats=[torchlog.datasets.histogram(num_bins=64)]),
     }
     times = measure(variants, rounds)
     base = times["hand-written hook loop (mean, var)"]

@@ -6,6 +6,11 @@ in order, whose attributes hold the site (JSON: `{"kind": "str" | "int" | "text"
 `dtype` and `device`, and one dataset per statistic; the root's `cka` attribute holds
 `[[site, site, value], ...]` (JSON). This module moves plain values only: torchlog.datasets
 turns them into a Statistics and back.
+
+A checkpoint of a running `statistics` (root attribute `format` =
+'torchlog-statistics-checkpoint') holds the accumulated state as it is, to resume from:
+the root's `meta` attribute (JSON: what was asked and how far the run got) and a `state`
+group with one dataset per named tensor, each with its dtype and shape unchanged.
 """
 from __future__ import annotations
 
@@ -20,9 +25,11 @@ from torchlog.errors import LogFileError
 from torchlog.storage import files
 from torchlog.storage.format import COMPLETE, FORMAT_VERSION, STATISTICS_FORMAT_NAME, dtype_from_name, dtype_name
 
-__all__ = ["read_statistics", "write_statistics"]
+__all__ = ["CHECKPOINT_FORMAT_NAME", "read_checkpoint", "read_statistics", "write_checkpoint", "write_statistics"]
 
+CHECKPOINT_FORMAT_NAME = "torchlog-statistics-checkpoint"
 _SITES = "sites"
+_STATE = "state"
 _FIELDS = ("count", "shape", "kept", "ndim")
 
 
@@ -75,6 +82,50 @@ def read_statistics(path: Any) -> tuple[list[dict[str, Any]], list[tuple[Any, An
         sites = [_read_site(group[str(i)]) for i in range(len(group))]
         cka = [(_site_from_json(a), _site_from_json(b), float(v)) for a, b, v in json.loads(file.attrs["cka"])]
     return sites, cka
+
+
+def write_checkpoint(path: Any, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> str:
+    """Write a checkpoint: `meta` (JSON-ready) and `tensors` (each kept exactly), replacing
+    any file at `path` whole: written under a temporary name, then renamed, so an
+    interruption leaves the previous checkpoint.
+
+    Returns:
+        The path written, as str.
+
+    Raises:
+        LogFileNotFoundError, LogFilePermissionError, LogFileError: the path cannot be written.
+    """
+    path = files.check_new_path(path, overwrite=True)
+    temporary = path + ".writing"
+    try:
+        with files.create(temporary, overwrite=True) as file:
+            file.attrs.update({"format": CHECKPOINT_FORMAT_NAME, "format_version": FORMAT_VERSION,
+                               "status": COMPLETE, "meta": json.dumps(meta)})
+            group = file.create_group(_STATE)
+            for name, value in tensors.items():
+                group.create_dataset(name, data=value.detach().cpu().numpy())
+        os.replace(temporary, path)
+    finally:
+        if os.path.lexists(temporary):
+            os.remove(temporary)
+    return path
+
+
+def read_checkpoint(path: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The meta and tensors `write_checkpoint` wrote to `path` (tensors on the CPU).
+
+    Raises:
+        LogFileNotFoundError: there is no such file.
+        LogFileError: not a checkpoint (the message names how to open what it is).
+    """
+    path = files.as_path(path)
+    with files.open_existing(path) as file:
+        files.check_header(file, path, CHECKPOINT_FORMAT_NAME)
+        if _STATE not in file:
+            raise LogFileError(f"{path!r} has no {_STATE!r} group: it is not a whole checkpoint")
+        meta = json.loads(file.attrs["meta"])
+        tensors = {name: torch.from_numpy(np.asarray(dataset[()])) for name, dataset in file[_STATE].items()}
+    return meta, tensors
 
 
 def _write_site(group: Any, found: dict[str, Any]) -> None:

@@ -98,3 +98,40 @@ def test_a_cnn_result_keeps_its_kept_dimension(tmp_path: Path) -> None:
     loaded = Statistics.load(found.save(tmp_path / "cnn.h5"))
     assert loaded["1"].kept == (1,) and loaded["1"].shape == (3,)
     assert torch.equal(loaded["1"].mean, found["1"].mean)
+
+
+def test_learned_histogram_edges_per_feature_round_trip(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    found = statistics(nn.Sequential(nn.Linear(3, 4)), torch.randn(50, 3), ["0"], stats=[histogram(num_bins=6)],
+                       batch_size=16, progress=False)
+    loaded = Statistics.load(found.save(tmp_path / "stats.h5"))
+    assert loaded["0"].histogram_edges.shape == (4, 7)
+    for name in ("histogram", "histogram_edges", "below", "above"):
+        assert torch.equal(loaded["0"].values[name], found["0"].values[name]), name
+
+
+def test_a_checkpoint_keeps_every_tensor_exactly_and_a_failed_write_keeps_the_last(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchlog.storage import statistics_file
+
+    path = tmp_path / "state.h5"
+    tensors = {"site0.moments.mean": torch.randn(3, dtype=torch.float64), "site0.moments.count": torch.tensor(7),
+               "site0.quantiles.level.0": torch.empty(3, 0, dtype=torch.float64),
+               "site0.quantiles.odd": torch.tensor([True, False])}
+    statistics_file.write_checkpoint(path, {"done": 4, "sites": ["'0'"]}, tensors)
+    meta, back = statistics_file.read_checkpoint(path)
+    assert meta == {"done": 4, "sites": ["'0'"]} and list(back) == sorted(tensors)
+    for name, value in tensors.items():
+        assert back[name].dtype == value.dtype and torch.equal(back[name], value), name
+
+    def broken(*args, **kwargs) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(statistics_file.files, "create", broken)
+    with pytest.raises(OSError, match="disk full"):
+        statistics_file.write_checkpoint(path, {"done": 6}, tensors)
+    assert statistics_file.read_checkpoint(path)[0]["done"] == 4 and os.listdir(tmp_path) == ["state.h5"]
+    monkeypatch.undo()
+    found = _found().save(tmp_path / "stats.h5")
+    with pytest.raises(LogFileError, match="is a 'torchlog-statistics' file, not a 'torchlog-statistics-checkpoint'"):
+        statistics_file.read_checkpoint(found)

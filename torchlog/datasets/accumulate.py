@@ -10,6 +10,7 @@ import torch
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, closest_matches
 from torchlog.datasets.covariances import Covariance, CovarianceState, check_size
 from torchlog.datasets.histograms import Histogram, HistogramCounts
+from torchlog.datasets.learned_histograms import LearnedHistogramCounts
 from torchlog.datasets.moments import ELEMENTWISE, Moments
 from torchlog.datasets.quantile_sketch import QuantileSketch, Quantiles, quantiles
 from torchlog.datasets.reduce import Reduce, to_rows
@@ -53,7 +54,8 @@ def as_wanted(stats: Any) -> Wanted:
     for entry in entries:
         if entry == "histogram":
             raise InvalidOptionError("a histogram needs its bins: pass torchlog.datasets.histogram(low, high, "
-                                     "num_bins) in stats= instead of 'histogram'")
+                                     "num_bins) (fixed bins) or histogram(num_bins=...) (bins learned from the "
+                                     "data) in stats= instead of 'histogram'")
         if entry in ("covariance", "quantiles"):
             entry = Covariance() if entry == "covariance" else quantiles()
         if isinstance(entry, _SPECS) and type(entry) not in specs:
@@ -86,7 +88,7 @@ class SiteAccumulator:
         self.shape: tuple[int, ...] = ()
         self.dtype, self.device = torch.float32, torch.device("cpu")
         self.moments: Moments | None = None
-        self.histogram: HistogramCounts | None = None
+        self.histogram: HistogramCounts | LearnedHistogramCounts | None = None
         self.covariance: CovarianceState | None = None
         self.quantiles: QuantileSketch | None = None
 
@@ -119,8 +121,10 @@ class SiteAccumulator:
         for size in self.shape:
             width *= size
         self.moments = Moments(width, self.wanted.names)
-        if self.wanted.histogram is not None:
-            self.histogram = HistogramCounts(self.wanted.histogram, width)
+        spec = self.wanted.histogram
+        if spec is not None:
+            self.histogram = (LearnedHistogramCounts(spec.num_bins, width) if spec.is_learned
+                              else HistogramCounts(spec, width))
         if self.wanted.covariance is not None:
             check_size((width,), self.wanted.covariance.max_bytes, f"the covariance of site {self.site!r}")
             self.covariance = CovarianceState(width)
@@ -167,7 +171,8 @@ class SiteAccumulator:
                  for name, value in self.moments.results().items()}
         if self.histogram is not None:
             found["histogram"] = self.histogram.counts.reshape(*self.shape, -1)
-            found["histogram_edges"] = self.histogram.spec.edges()
+            edges = self.histogram.edges()  # learned bins: edges per feature
+            found["histogram_edges"] = edges if edges.dim() == 1 else edges.reshape(*self.shape, -1)
             found["below"] = self.histogram.below.reshape(self.shape)
             found["above"] = self.histogram.above.reshape(self.shape)
         if self.covariance is not None:
@@ -183,6 +188,34 @@ class SiteAccumulator:
             found["quantile_rank_error"] = torch.tensor(self.quantiles.rank_error / max(self.moments.count, 1))
         return SiteStatistics(self.site, self.moments.count, self.shape, self.kept, self.ndim, self.dtype,
                               self.device, found)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(what the values looked like, as JSON-ready values; the statistics' state as
+        named tensors), exact: `load_state` takes them back. Before any value: ndim -1."""
+        meta = {"ndim": self.ndim, "kept": list(self.kept), "shape": list(self.shape),
+                "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device)}
+        tensors: dict[str, torch.Tensor] = {}
+        for name, part in self._parts().items():
+            tensors.update({f"{name}.{key}": value for key, value in part.state().items()})
+        return meta, tensors
+
+    def load_state(self, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """Take the state `state()` gave, replacing this one's."""
+        if meta["ndim"] < 0:
+            return
+        shape = [1] * meta["ndim"]
+        for dim, size in zip(meta["kept"], meta["shape"]):
+            shape[dim] = size
+        self._begin(torch.empty(shape, dtype=getattr(torch, meta["dtype"])))
+        self.device = torch.device(meta["device"])
+        for name, part in self._parts().items():
+            part.load_state({key[len(name) + 1:]: value for key, value in tensors.items()
+                             if key.startswith(f"{name}.")})
+
+    def _parts(self) -> dict[str, Any]:
+        found = {"moments": self.moments, "histogram": self.histogram, "covariance": self.covariance,
+                 "quantiles": self.quantiles}
+        return {name: part for name, part in found.items() if part is not None}
 
     def tensors(self) -> Sequence[torch.Tensor]:
         """Every tensor the state holds (to measure its memory)."""

@@ -112,6 +112,15 @@ class CovarianceState:
         """Every tensor the state holds (to measure its memory)."""
         return [self.mean, self.comoment]
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The state as named tensors, exact: `load_state` takes it back."""
+        return {"count": torch.tensor(self.count), "mean": self.mean, "comoment": self.comoment}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Take the state `state()` gave (the same features)."""
+        self.count = int(state["count"])
+        self.mean, self.comoment = state["mean"].clone(), state["comoment"].clone()
+
 
 class CrossCovariance:
     """What linear CKA between two streams of rows needs: both streams' co-moments and
@@ -126,14 +135,22 @@ class CrossCovariance:
         """Add paired float64 row matrices (the same number of rows)."""
         if rows_x.shape[0] == 0:
             return
-        mean_x, mean_y = rows_x.mean(dim=0), rows_y.mean(dim=0)
-        cross = (rows_x - mean_x).T @ (rows_y - mean_y)
-        n_a, n_b = self.x.count, rows_x.shape[0]
-        total = n_a + n_b
-        delta_x, delta_y = mean_x - self.x.mean, mean_y - self.y.mean
-        self.cross = self.cross + cross + torch.outer(delta_x, delta_y) * (n_a * n_b / total)
-        self.x.add(rows_x)
-        self.y.add(rows_y)
+        batch = CrossCovariance(rows_x.shape[1], rows_y.shape[1])
+        batch.x.add(rows_x)
+        batch.y.add(rows_y)
+        batch.cross = (rows_x - batch.x.mean).T @ (rows_y - batch.y.mean)
+        self.merge(batch)
+
+    def merge(self, other: CrossCovariance) -> None:
+        """Fold `other` (the same widths, fed other samples) into this one: the cross
+        co-moment takes the same pairwise correction as each stream's own."""
+        n_a, n_b = self.x.count, other.x.count
+        if n_b == 0:
+            return
+        delta_x, delta_y = other.x.mean - self.x.mean, other.y.mean - self.y.mean
+        self.cross = self.cross + other.cross + torch.outer(delta_x, delta_y) * (n_a * n_b / (n_a + n_b))
+        self.x.merge(other.x)
+        self.y.merge(other.y)
 
     def cka(self) -> float:
         """Linear CKA: ||Xc' Yc||_F^2 / (||Xc' Xc||_F ||Yc' Yc||_F) over the centred samples."""
@@ -144,3 +161,14 @@ class CrossCovariance:
     def tensors(self) -> list[Any]:
         """Every tensor the state holds (to measure its memory)."""
         return [self.cross, *self.x.tensors(), *self.y.tensors()]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The state as named tensors, exact: `load_state` takes it back."""
+        return {"cross": self.cross, **{f"x.{k}": v for k, v in self.x.state().items()},
+                **{f"y.{k}": v for k, v in self.y.state().items()}}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Take the state `state()` gave (the same widths)."""
+        self.cross = state["cross"].clone()
+        for name, part in (("x", self.x), ("y", self.y)):
+            part.load_state({k[2:]: v for k, v in state.items() if k.startswith(f"{name}.")})

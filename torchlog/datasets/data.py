@@ -1,7 +1,7 @@
 """The batches of a dataset, and how each one is passed to the model."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,6 +56,22 @@ class Data:
                 yield from data.split(self.batch_size)
             return
         yield from data
+
+    def take(self, indexes: range) -> Iterator[tuple[int, Any]]:
+        """(index, batch) for the batches whose index is in `indexes`, in order: a tensor is
+        sliced and a list indexed directly; other data is read from its start, and the
+        batches before `indexes` are read and dropped."""
+        data = self.data
+        if (isinstance(data, torch.Tensor) and self.batch_size is not None) or isinstance(data, Sequence):
+            for index in range(indexes.start, min(indexes.stop, self.num_batches)):
+                yield index, (data[index * self.batch_size:(index + 1) * self.batch_size]
+                              if isinstance(data, torch.Tensor) else data[index])
+            return
+        for index, batch in enumerate(self):
+            if index >= indexes.stop:
+                return
+            if index >= indexes.start:
+                yield index, batch
 
 
 def call_arguments(model: nn.Module, batch: Any, index: int) -> tuple[tuple, dict]:

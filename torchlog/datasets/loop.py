@@ -10,9 +10,10 @@ from torch import nn
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, MissingDependencyError
 from torchlog.datasets.data import Data
 from torchlog.datasets.driver import Driver
-from torchlog.datasets.sinks import as_sinks
+from torchlog.datasets.ranks import current_ranks
+from torchlog.datasets.sinks import Sink, as_sinks
 
-__all__ = ["run_dataset"]
+__all__ = ["run_batches", "run_dataset"]
 
 
 def run_dataset(model: nn.Module, data: Any, sites: Any, sinks: Any, *, batch_size: int | None = None,
@@ -24,6 +25,12 @@ def run_dataset(model: nn.Module, data: Any, sites: Any, sinks: Any, *, batch_si
     pass of the first batch that saves nothing, then copied by call position under the lean
     capture (docs/datasets.md). The model runs under `torch.no_grad()` and is left as it was
     (buffers and train/eval flags put back after each batch).
+
+    Under torch.distributed (e.g. `torchrun`), with a process group of several processes,
+    every rank passes the whole `data`; rank r of n runs the r-th of n contiguous blocks of
+    batches (as `torchlog.extract` does; batch indexes stay global), and its sinks get that
+    block only. A sink with `merge_ranks()` (statistics' sink) merges every rank's state
+    before `finish()`, identically on every rank; the data's length must be known then.
 
     Args:
         model: the module to run.
@@ -43,7 +50,8 @@ def run_dataset(model: nn.Module, data: Any, sites: Any, sinks: Any, *, batch_si
         What the sink's `finish()` returns (a list, one per sink, when a list was given).
 
     Raises:
-        InvalidArgumentTypeError: data, sites or sinks of a wrong type (before the model runs).
+        InvalidArgumentTypeError: data, sites or sinks of a wrong type (before the model runs);
+            data of unknown length under several processes.
         InvalidOptionError: data with no batch (before the model runs when its length is
             known); a site that names nothing (after the first batch's probe, with the
             closest names); a batch that does not run a site or runs other ops before it.
@@ -61,24 +69,49 @@ def run_dataset(model: nn.Module, data: Any, sites: Any, sinks: Any, *, batch_si
     """
     batches = Data(data, batch_size)
     targets = as_sinks(sinks)
-    driver = Driver(model, sites, stop_after)
-    count = 0
-    for index, batch in enumerate(_with_progress(batches, batches.num_batches, progress)):
-        for site, value in driver.values(batch, index):
-            for sink in targets:
-                sink.add(site, index, value)
-        count += 1
-    if count == 0:
-        raise InvalidOptionError(f"data {type(data).__name__} gave no batch; pass at least one batch")
-    results = [sink.finish() for sink in targets]
+    results = run_batches(model, batches, sites, targets, stop_after=stop_after, progress=progress)
     return results if isinstance(sinks, (list, tuple)) else results[0]
 
 
-def _with_progress(batches: Iterable[Any], total: int | None, progress: bool | None) -> Iterable[Any]:
-    """`batches` behind a tqdm bar when asked (or, with None, when tqdm is installed)."""
+def run_batches(model: nn.Module, batches: Data, sites: Any, targets: list[Sink], *, stop_after: Any = None,
+                progress: bool | None = None, skip: int = 0) -> list[Any]:
+    """`run_dataset` over checked batches and sinks, leaving out this rank's first `skip`
+    batches (done by an interrupted run); one result per sink.
+
+    Under torch.distributed each rank runs its share of the batches (`Ranks.share`), and a
+    sink with a `merge_ranks()` method has it called on every rank before `finish()`. A
+    sink with an `end_batch(batch_index)` method has it called after each batch's values.
+    """
+    ranks = current_ranks()
+    share = ranks.share(batches.num_batches)
+    todo = range(min(share.start + skip, share.stop), share.stop)
+    driver = Driver(model, sites, stop_after)
+    total = len(todo) if batches.num_batches is not None else None
+    count = 0
+    for index, batch in _with_progress(batches.take(todo), total, progress, shown=ranks.rank == 0):
+        for site, value in driver.values(batch, index):
+            for sink in targets:
+                sink.add(site, index, value)
+        for sink in targets:
+            if hasattr(sink, "end_batch"):
+                sink.end_batch(index)
+        count += 1
+    if count == 0 and skip == 0 and ranks.world_size == 1:
+        raise InvalidOptionError(f"data {type(batches.data).__name__} gave no batch; pass at least one batch")
+    if ranks.world_size > 1:
+        for sink in targets:
+            if hasattr(sink, "merge_ranks"):
+                sink.merge_ranks()
+    return [sink.finish() for sink in targets]
+
+
+def _with_progress(batches: Iterable[Any], total: int | None, progress: bool | None,
+                   shown: bool = True) -> Iterable[Any]:
+    """`batches` behind a tqdm bar when asked (or, with None, when tqdm is installed) and
+    `shown` (rank 0 of several processes)."""
     if progress is not None and not isinstance(progress, bool):
         raise InvalidArgumentTypeError(f"progress must be True, False or None, got {progress!r}")
-    if progress is False:
+    if progress is False or not shown:
         return batches
     try:
         bars = importlib.import_module("tqdm.auto")

@@ -103,6 +103,17 @@ class Moments:
         """Every tensor the state holds (to measure its memory)."""
         return [self.mean, self.m2, *self.extra.values()]
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The state as named tensors (the count 0-d int64), exact: `load_state` takes it back."""
+        return {"count": torch.tensor(self.count), "mean": self.mean, "m2": self.m2,
+                **{f"extra.{name}": value for name, value in self.extra.items()}}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Take the state `state()` gave (the same features and statistics)."""
+        self.count = int(state["count"])
+        self.mean, self.m2 = state["mean"].clone(), state["m2"].clone()
+        self.extra = {name: state[f"extra.{name}"].clone() for name in self.extra}
+
 
 def _batch_extras(rows: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The extra statistics of one batch of rows, for the names `like` holds."""

@@ -109,6 +109,17 @@ class QuantileSketch:
         """Every tensor the state holds (to measure its memory)."""
         return list(self.levels)
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The state as named tensors, exact: `load_state` takes it back."""
+        return {"count": torch.tensor(self.count), "rank_error": torch.tensor(self.rank_error),
+                "odd": torch.tensor(self._odd), **{f"level.{h}": v for h, v in enumerate(self.levels)}}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Take the state `state()` gave (the same features and k)."""
+        self.count, self.rank_error = int(state["count"]), int(state["rank_error"])
+        self._odd = [bool(flag) for flag in state["odd"].tolist()]
+        self.levels = [state[f"level.{h}"].clone() for h in range(len(self._odd))]
+
     def _level(self, height: int) -> None:
         while len(self.levels) <= height:
             self.levels.append(torch.empty(self.levels[0].shape[0], 0, dtype=torch.float64))

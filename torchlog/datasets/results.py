@@ -24,7 +24,8 @@ class SiteStatistics:
 
     Per feature, each of the kept `shape`: `mean`, `var`, `std` (population: divided by
     `count`), `min`, `max`, `abs_mean`, `zeros` and `nonfinite` (fractions of the samples),
-    `histogram` (shape + (bins,), int64) with `histogram_edges`, `below` and `above`. Over
+    `histogram` (shape + (bins,), int64) with `histogram_edges` ((bins + 1,) for fixed bins,
+    shape + (bins + 1,) for learned ones), `below` and `above`. Over
     features: `norm` ([mean, root mean square] of each sample's L2 norm), `covariance`
     (features x features, flattened in order), `components` (top principal directions,
     shaped (num, *shape)) and `explained_variance`. Read them as attributes or with

@@ -19,6 +19,11 @@ class Sink(Protocol):
     `add` gets the site as the user named it, the 0-based batch index and the value: a
     detached copy the sink may keep. A site that names several passes (a layer run in a
     loop, or a module called several times) is added once per pass, in execution order.
+
+    Two methods are optional, called when a sink has them: `end_batch(batch_index)`, once a
+    batch's values are all added, and `merge_ranks()`, on every rank before `finish` when
+    the batches were shared among the ranks of torch.distributed (each sink then saw its
+    rank's batches only).
     """
 
     def add(self, site: Any, batch_index: int, value: torch.Tensor) -> None:
