@@ -69,19 +69,19 @@ def extract(model: Any, inputs: Any, layers: list, to: str, batch_size: int | No
     first-batch place instead, with an OpSequenceChangedWarning.
 
     With `tensorboard` (a folder or a SummaryWriter), each batch also gets a histogram and
-    mean/std scalars per extracted layer at step = batch index (see torchlog.export); every
-    batch then runs the full logged path. Under torch.distributed (torchrun), each rank
-    writes a shard and rank 0 joins them into `to`.
+    mean/std scalars per extracted layer at step = batch index, written from the values
+    extracted (torchlog.datasets.TensorBoardSink): nothing more is logged. Under
+    torch.distributed (torchrun), each rank writes a shard and rank 0 joins them into `to`.
 
     Raises:
         MissingDependencyError: h5py or tqdm is not installed (`pip install torchlog[storage]`),
             or tensorboard is asked for and not installed (`pip install torchlog[tensorboard]`).
     """
-    from torchlog.export.tensorboard_events import batch_summaries  # lazily, like storage
+    from torchlog.export.tensorboard_events import summary_sink  # lazily, like storage
 
-    with batch_summaries(tensorboard) as on_batch:
+    with summary_sink(tensorboard) as summaries:
         return _extraction().extract(model, inputs, layers, to, batch_size, overwrite=overwrite,
-                                     progress=progress, compression=compression, on_batch=on_batch,
+                                     progress=progress, compression=compression, summaries=summaries,
                                      chunks=chunks, random_seed=random_seed, stop_after=stop_after,
                                      changed_ops=changed_ops)
 

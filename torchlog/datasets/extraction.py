@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ __all__ = ["extract"]
 
 def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             batch_size: int | None = None, overwrite: bool = False, progress: bool | None = None,
-            compression: str | None = None, on_batch: Callable[[Any, int], None] | None = None,
+            compression: str | None = None, summaries: Any = None,
             chunks: bool | int | None = None, random_seed: int = 0,
             stop_after: Any = None, changed_ops: str = "error") -> Any:
     """Save `layers` of `model` over every batch of `inputs` into one array per layer in `to`.
@@ -61,9 +61,9 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
         progress: show a tqdm bar (global counts, on rank 0 only); None shows it only when
             stderr is a terminal.
         compression: None, 'gzip' or 'lzf' (chunked storage).
-        on_batch: called as `on_batch(history, batch_index)` once a batch is written, e.g. for
-            TensorBoard summaries; every batch is then logged by log_forward_pass with
-            `layers_to_save=layers` (and keep_unsaved_layers), which runs the model twice.
+        summaries: a sink (`add(site, batch_index, value)`, as run_dataset's) given each
+            value once its batch is written, its site the layer's label with `:k` written
+            `/passk` (TensorBoard's tags: `TensorBoardSink`); nothing more is logged.
         chunks: None stores each layer contiguously when the number of samples is known
             and nothing is compressed, else in chunks of whole batches; True always
             chunks; an int sets the samples per chunk; False insists on contiguous storage
@@ -111,9 +111,9 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
     sink = hdf5.ExtractSink(to, type(model).__name__, entries, batches.batch_size, batches.num_samples,
                             options, chunks, stop_after)
     driver = Driver(model, entries, stop_after, DriverOptions(
-        every_output=True, seed=random_seed, changed_ops=changed_ops, keep_history=on_batch is not None))
-    job = _Job(driver, batches, sink, on_batch)
-    with _rng_states_kept(batches, on_batch, random_seed):
+        every_output=True, seed=random_seed, changed_ops=changed_ops))
+    job = _Job(driver, batches, sink, summaries)
+    with _rng_states_kept(batches, random_seed):
         problem, state = None, None
         try:
             state = job.start(overwrite)
@@ -130,13 +130,13 @@ def extract(model: nn.Module, inputs: Any, layers: list[str | int], to: Any,
             return sink.finish(lambda: job.count(bar, 0))  # rank 0 shows the final global count
 
 
-def _rng_states_kept(batches: Batches, on_batch: Callable | None, seed: int) -> Any:
+def _rng_states_kept(batches: Batches, seed: int) -> Any:
     """Around the whole run when no user code runs between batches (a tensor split into
-    batches, no callback): the RNG states are then saved and put back once, and each batch
+    batches): the RNG states are then saved and put back once, and each batch
     only seeds them. Else each batch saves and restores them itself, so the data's own
     draws (random augmentation) come from the user's streams as without extract. Saving
     and restoring costs about 0.2 ms a batch, mostly numpy's state."""
-    if isinstance(batches.inputs, torch.Tensor) and on_batch is None:
+    if isinstance(batches.inputs, torch.Tensor):
         return seeded(seed)
     return contextlib.nullcontext()
 
@@ -144,19 +144,19 @@ def _rng_states_kept(batches: Batches, on_batch: Callable | None, seed: int) -> 
 class _Job:
     """One process's part of an extract: its batches, the driver that runs them, and the sink."""
 
-    def __init__(self, driver: Driver, batches: Batches, sink: Any, on_batch: Callable | None) -> None:
+    def __init__(self, driver: Driver, batches: Batches, sink: Any, summaries: Any) -> None:
         self.driver = driver
         self.batches = batches
         self.sink = sink
         self.share = batches.share(sink.group.rank, sink.group.world_size)
-        self.on_batch = on_batch
+        self.summaries = summaries
 
     def start(self, overwrite: bool) -> tuple[list[int], Iterator, tuple | None]:
         """Check the files and run the first batch still to do, writing nothing.
 
         Returns:
             The sizes of the batches finished earlier, the stream of the batches after the
-            first one to do, and that first one as (index, batch, (values, history)).
+            first one to do, and that first one as (index, batch, values by label).
         """
         done = self.sink.check(overwrite)
         stream = self.batches.load(self.share, skip=len(done))
@@ -176,9 +176,9 @@ class _Job:
                 f"interrupted run wrote {expected}; the inputs differ (pass overwrite=True to "
                 "start over)")
 
-    def save(self, index: int, batch: Any) -> tuple[dict, Any]:
-        """The batch's values by label, and its history when each batch is logged for on_batch."""
-        return self.driver.by_label(batch, index), self.driver.history
+    def save(self, index: int, batch: Any) -> dict:
+        """The batch's values by label."""
+        return self.driver.by_label(batch, index)
 
     def selected(self) -> list[tuple[Any, list[str]]]:
         """Which entry chose which labels on the first batch (none when no batch ran)."""
@@ -187,13 +187,13 @@ class _Job:
             return []
         return [(site, [c.label for c in chosen]) for site, chosen in selection.per_site.items()]
 
-    def write(self, index: int, batch: Any, saved: tuple[dict, Any]) -> None:
-        values, history = saved
+    def write(self, index: int, batch: Any, values: dict) -> None:
         for label, value in values.items():
             self.sink.add(label, index, value)
         self.sink.end_batch(index, batch_len(batch))
-        if self.on_batch is not None:
-            self.on_batch(history, index)
+        if self.summaries is not None:
+            for label, value in values.items():
+                self.summaries.add(label.replace(":", "/pass"), index, value)
 
     def count(self, bar: Any, num_batches: int) -> None:
         total = self.sink.count(num_batches)

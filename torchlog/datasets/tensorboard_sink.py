@@ -8,9 +8,24 @@ import torch
 
 from torchlog.errors import InvalidArgumentTypeError
 from torchlog.optional import require
-from torchlog.statistics import summarize
+from torchlog.statistics import TensorStats, summarize
 
-__all__ = ["TensorBoardSink"]
+__all__ = ["TensorBoardSink", "write_summary"]
+
+
+def write_summary(writer: Any, tag: str, stats: TensorStats, step: int) -> bool:
+    """Write `{tag}/activations` (a histogram over the finite values) and the `{tag}/mean`
+    and `{tag}/std` scalars (population std) of `stats` at `step`; False, writing nothing,
+    when the value has no finite entry."""
+    if not stats.counts:
+        return False
+    n, mean, std = stats.num_finite, stats.mean, stats.std
+    writer.add_histogram_raw(f"{tag}/activations", min=stats.min, max=stats.max, num=n, sum=mean * n,
+                             sum_squares=n * (std * std + mean * mean), bucket_limits=stats.bin_edges()[1:],
+                             bucket_counts=list(stats.counts), global_step=step)
+    writer.add_scalar(f"{tag}/mean", mean, step)
+    writer.add_scalar(f"{tag}/std", std, step)
+    return True
 
 
 class TensorBoardSink:
@@ -59,16 +74,8 @@ class TensorBoardSink:
         self._passes[site] = self._passes.get(site, 0) + 1
         if value.is_complex() or value.numel() == 0:
             return
-        stats = summarize(value.detach())
-        if not stats.counts:
-            return  # no finite entry
         tag = str(site) if self._passes[site] == 1 else f"{site}/pass{self._passes[site]}"
-        n, mean, std = stats.num_finite, stats.mean, stats.std
-        self.writer.add_histogram_raw(f"{tag}/activations", min=stats.min, max=stats.max, num=n, sum=mean * n,
-                                      sum_squares=n * (std * std + mean * mean), bucket_limits=stats.bin_edges()[1:],
-                                      bucket_counts=list(stats.counts), global_step=batch_index)
-        self.writer.add_scalar(f"{tag}/mean", mean, batch_index)
-        self.writer.add_scalar(f"{tag}/std", std, batch_index)
+        write_summary(self.writer, tag, summarize(value.detach()), batch_index)
 
     def finish(self) -> str:
         """Flush (and close a writer made here); return the folder of the event file."""

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchlog.datasets.tensorboard_sink import TensorBoardSink, write_summary
 from torchlog.errors import InvalidArgumentTypeError, LogFilePermissionError
 from torchlog.export.activations import activation_stats
 from torchlog.optional import require
@@ -16,7 +17,7 @@ from torchlog.records import PassRecord
 if TYPE_CHECKING:
     from torchlog.history import ModelHistory
 
-__all__ = ["to_tensorboard", "write_activations", "batch_summaries", "open_writer", "activation_tag",
+__all__ = ["to_tensorboard", "write_activations", "summary_sink", "open_writer", "activation_tag",
            "RUN_TAG"]
 
 RUN_TAG = "torchlog step {step}"  # the 'session run' the Graphs tab offers for colouring
@@ -147,7 +148,8 @@ def write_activations(history: "ModelHistory", writer: Any, step: int) -> int:
     """Histogram and mean/std scalars of every saved numeric activation; returns how many.
 
     The figures are `torchlog.statistics`' (the viewer shows the same ones): the population
-    std, and the histogram's bins over the finite values (NaN and inf have no bin).
+    std, and the histogram's bins over the finite values (NaN and inf have no bin); they are
+    written as a dataset's TensorBoardSink writes them (`write_summary`).
 
     Example:
         >>> import tempfile, torch, torchlog
@@ -157,46 +159,31 @@ def write_activations(history: "ModelHistory", writer: Any, step: int) -> int:
         ...     write_activations(h, writer, step=0)
         2
     """
-    written = 0
-    for label, stats in activation_stats(history).items():
-        if not stats.counts:
-            continue  # no finite value
-        tag = activation_tag(history[label])
-        n, mean, std = stats.num_finite, stats.mean, stats.std
-        writer.add_histogram_raw(f"{tag}/activations", min=stats.min, max=stats.max, num=n,
-                                 sum=mean * n, sum_squares=n * (std * std + mean * mean),
-                                 bucket_limits=stats.bin_edges()[1:],
-                                 bucket_counts=list(stats.counts), global_step=step)
-        writer.add_scalar(f"{tag}/mean", mean, step)
-        writer.add_scalar(f"{tag}/std", std, step)
-        written += 1
-    return written
+    stats = activation_stats(history)
+    return sum(write_summary(writer, activation_tag(history[label]), found, step) for label, found in stats.items())
 
 
 @contextmanager
-def batch_summaries(logdir_or_writer: Any) -> Iterator[Callable[[Any, int], None] | None]:
-    """An `on_batch(history, batch_index)` callback writing each batch's activation summaries
-    at step `batch_index` (see `write_activations`); None when `logdir_or_writer` is None.
-
-    A writer made here for a folder is closed when the block ends.
+def summary_sink(logdir_or_writer: Any) -> Iterator[TensorBoardSink | None]:
+    """A TensorBoardSink on `logdir_or_writer` (extract's `tensorboard=`: each batch's values
+    of each layer, at step = batch index); None when it is None. A writer made here for a
+    folder is closed when the block ends; one given is flushed and left open.
 
     Raises:
         MissingDependencyError, LogFilePermissionError, InvalidArgumentTypeError: as
             `open_writer`, when the block starts.
 
     Example:
-        >>> import tempfile, torch, torchlog
-        >>> h = torchlog.log_forward_pass(torch.nn.ReLU(), torch.ones(2))
-        >>> with batch_summaries(tempfile.mkdtemp()) as on_batch:
-        ...     on_batch(h, 0)  # summaries of input_1_0 and relu_1_1
-        2
+        >>> import tempfile, torch
+        >>> with summary_sink(tempfile.mkdtemp()) as sink:
+        ...     sink.add("relu_1_1", 0, torch.ones(2))
     """
     if logdir_or_writer is None:
         yield None
         return
     writer, owned = open_writer(logdir_or_writer)
     try:
-        yield lambda history, index: write_activations(history, writer, index)  # returns the count
+        yield TensorBoardSink(writer)
         writer.flush()
     finally:
         if owned:

@@ -149,6 +149,46 @@ def test_extract_writes_per_batch_histograms(tmp_path):
     assert [h.histogram_value.num for h in events.Histograms("relu_1_2/activations")] == [16, 16, 8]
 
 
+class Twice(torch.nn.Module):
+    """One Linear called twice: its label has two passes, tagged `/pass1` and `/pass2`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.fc(x)))
+
+
+def test_extract_summaries_come_from_the_values_not_from_logging_each_batch(tmp_path, monkeypatch):
+    """Only the first batch is logged (the driver's probe); every batch's histogram and mean
+    equal the values a forward hook sees, under the tags a logged history gets."""
+    import torchlog.datasets.driver as driver
+
+    logged = []
+    original = driver.log_forward_pass
+    monkeypatch.setattr(driver, "log_forward_pass", lambda *a, **k: logged.append(1) or original(*a, **k))
+    torch.manual_seed(0)
+    net, data = Twice(), torch.randn(10, 3)
+    torchlog.extract(net, data, ["fc"], str(tmp_path / "acts.h5"), batch_size=4,
+                     tensorboard=str(tmp_path / "tb"), progress=False)
+    assert len(logged) == 1  # of 3 batches
+    seen = []
+    handle = net.fc.register_forward_hook(lambda m, a, out: seen.append(out.detach()))
+    with torch.no_grad():
+        for batch in data.split(4):
+            net(batch)
+    handle.remove()
+    events = _read(str(tmp_path / "tb"))
+    tags = sorted(events.Tags()["scalars"])
+    assert tags == ["linear_1_1/pass1/mean", "linear_1_1/pass1/std", "linear_1_1/pass2/mean", "linear_1_1/pass2/std"]
+    for call, tag in ((0, "linear_1_1/pass1"), (1, "linear_1_1/pass2")):
+        means = [e.value for e in events.Scalars(f"{tag}/mean")]
+        want = [float(seen[2 * b + call].mean()) for b in range(3)]
+        assert means == pytest.approx(want, rel=1e-5, abs=1e-6)
+        assert [h.histogram_value.num for h in events.Histograms(f"{tag}/activations")] == [12, 12, 6]
+
+
 def test_a_folder_that_cannot_be_written_is_named(tmp_path, monkeypatch):
     history = nested()
     blocker = tmp_path / "a_file"
