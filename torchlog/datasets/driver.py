@@ -50,7 +50,6 @@ class DriverOptions:
     every_output: bool = False  # a module site names every tensor it returns, not each call's first
     seed: int | None = None  # batch i runs with the RNGs seeded to seed + i (None: left alone)
     changed_ops: str = "error"  # a batch whose ops changed before a site: 'error', or 'by_place'
-    keep_history: bool = False  # log every batch in full; its history is `Driver.history`
 
     def __post_init__(self) -> None:
         if self.changed_ops not in _CHANGED:
@@ -65,7 +64,7 @@ class Driver:
 
     After the first batch, `selection` holds each site's passes on it (by label) and
     `kind` says how batches run: 'hooks' (module hooks alone, no probe), 'lean', or
-    'logged'. `history` is the last batch's ModelHistory with `keep_history`, else None.
+    'logged'.
 
     Raises:
         InvalidArgumentTypeError: when made, sites not a non-empty list of sites (or one
@@ -88,7 +87,6 @@ class Driver:
                          if self._hooked else None)
         self.selection: Selection | None = None
         self.kind: str | None = None
-        self.history: ModelHistory | None = None
         self._reference: list | None = None  # a batch's calls found equal to the probe's
 
     def values(self, batch: Any, index: int) -> list[tuple[Any, torch.Tensor]]:
@@ -143,11 +141,11 @@ class Driver:
         """Run the first batch: with hooks alone when every site is a hooked module and no
         label is needed, else logged once (the probe), finding every site's passes."""
         options = self.options
-        if len(self._hooked) == len(self.sites) and not (options.every_output or options.keep_history):
+        if len(self._hooked) == len(self.sites) and not options.every_output:
             self.kind = "hooks"
             return self._run_hooks(args, kwargs, index)
         seed = None if options.seed is None else options.seed + index
-        hooked = {} if options.keep_history else self._hooked
+        hooked = self._hooked
         watcher = self._watcher if hooked else None
         # Every site hooked: the hooks give the values, the log only finds the labels.
         keep = "all" if len(hooked) < len(self.sites) else None
@@ -156,7 +154,7 @@ class Driver:
         self.selection = select(probe, self.sites, self._modules, list(hooked), options.every_output,
                                 self.stop_after)
         hows = {c.how for chosen in self.selection.per_site.values() for c in chosen}
-        if options.keep_history or "logged" in hows:
+        if "logged" in hows:
             self.kind = "logged"
         else:  # only the lean capture can end a pass at stop_after
             self.kind = "lean" if "op" in hows or self.stop_after is not None else "hooks"
@@ -172,13 +170,7 @@ class Driver:
         return {site: self._found(site, seen, None, args, kwargs, index, False) for site in self.sites}
 
     def _log(self, args: tuple, kwargs: dict, seed: int | None, keep: str | None = "all") -> ModelHistory:
-        """One logged pass of a batch, the outputs `keep` names kept (by reference) or, with
-        keep_history, the sites saved and the rest kept unsaved."""
-        if self.options.keep_history:
-            history = log_forward_pass(self.model, list(args), kwargs, layers_to_save=self.sites, random_seed=seed,
-                                       keep_unsaved_layers=True, stop_after=self.stop_after)
-            self.history = history
-            return history
+        """One logged pass of a batch, the outputs `keep` names kept (by reference)."""
         return log_forward_pass(self.model, list(args), kwargs, layers_to_save=keep, random_seed=seed,
                                 stop_after=self.stop_after)
 
