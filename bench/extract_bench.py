@@ -18,7 +18,8 @@ For each, samples/s of:
   the first batch (contiguous);
 - extract: `torchlog.extract` over the same batches, everything included (the first
   batch's logged pass, the per-batch check, flushing after every batch for resume);
-- full path: extract with an `on_batch` callback, which logs every batch, measured once.
+- with summaries: extract with TensorBoard summaries of every batch (`tensorboard=`, a
+  TensorBoardSink fed the values extracted), measured once.
 Runs alternate plain and extract so that drift in machine load hits both; the ratio is
 given from the medians and from the fastest runs. Targets: 80% of plain for GPT-2 and the
 CNN, 85% for the MLP. The arrays of both are compared.
@@ -60,7 +61,7 @@ from provenance import cpu_model, provenance, provenance_line  # noqa: E402
 
 import torchlog  # noqa: E402
 import torchlog.storage  # noqa: E402
-from torchlog.datasets import extraction  # noqa: E402
+from torchlog.datasets import TensorBoardSink, extraction  # noqa: E402
 from torchlog.storage.arrays import Appender  # noqa: E402
 
 MB = 1 << 20
@@ -171,13 +172,15 @@ def alternate(case: ExtractCase, model: nn.Module, samples: torch.Tensor, entrie
 
 
 def measure(case: ExtractCase, repeats: int, folder: Path) -> dict[str, Any]:
-    """Samples/s of the plain loop, extract and the full path; the ratios from the medians
+    """Samples/s of the plain loop, extract and extract with summaries; the ratios from the medians
     and from the fastest runs; the largest difference of values."""
     model, samples = case.build(), case.samples()
     entries = entries_for(case, model, samples)
     plain_loop(model, samples, case, folder / "warm.h5")  # warm-up: allocator, kernels, files
     plain, fast = alternate(case, model, samples, entries, repeats, folder)
-    full = run_extract(model, samples, case, entries, folder / "full.h5", on_batch=lambda h, i: None)
+    board = TensorBoardSink(str(folder / "tb"))
+    full = run_extract(model, samples, case, entries, folder / "full.h5", summaries=board)
+    board.finish()
     acts = torchlog.storage.open_activations(folder / "extract.h5")
     with h5py.File(folder / "plain.h5") as file:
         worst = max(float(np.abs(acts[label] - file[address][()]).max())
@@ -273,7 +276,7 @@ def run(args: argparse.Namespace) -> None:
     repeats = args.repeats or (1 if args.quick else 5)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} clock, "
           f"{repeats} alternating run(s) of each")
-    print(f"{'case':<40} {'plain/s':>9} {'extract/s':>10} {'ratio':>6} {'min':>6} {'full/s':>8} "
+    print(f"{'case':<40} {'plain/s':>9} {'extract/s':>10} {'ratio':>6} {'min':>6} {'tb/s':>8} "
           f"{'ratio':>6} {'max diff':>9}")
     verdicts = []
     with tempfile.TemporaryDirectory() as folder:

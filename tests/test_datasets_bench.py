@@ -22,7 +22,7 @@ def test_a_short_run_prints_throughput_ratios_and_memory_rows(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-4000:]  # the bench also checks its mean and var against the loop's
     assert out.read_text() == done.stdout
     rows = [line for line in done.stdout.splitlines() if "ms/batch" in line]
-    assert len(rows) == 4, done.stdout
+    assert len(rows) == 6, done.stdout
     ratios = [float(row.split()[-1]) for row in rows]
     assert ratios[0] == 1.0 and min(ratios) > 0, rows  # the hand loop is its own baseline
     memory = [line for line in done.stdout.splitlines() if "batches +" in line]
