@@ -134,6 +134,9 @@ class _Forward(NamedTuple):
     signature: inspect.Signature
     fewest: int | None
     most: float | None
+    # Whether a list of several positional arguments is one argument: forward takes one
+    # required positional argument (at most) and no *args (see positional_args).
+    one_sequence: tuple[int, bool]  # (number of positional parameters, whether that holds)
 
 
 # forward function -> its _Forward; read once per function, not per call:
@@ -154,34 +157,24 @@ def _forward(model: nn.Module) -> _Forward | None:
             return None
         params = list(signature.parameters.values())
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = sum(p.default is p.empty for p in positional)
+        spread = any(p.kind == p.VAR_POSITIONAL for p in params)
+        one = (len(positional), not spread and len(positional) >= 1 and required <= 1)
         if any(p.kind == p.KEYWORD_ONLY and p.default is p.empty for p in params):
-            entry = _Forward(signature, None, None)
+            entry = _Forward(signature, None, None, one)
         else:
-            most = float("inf") if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
-            entry = _Forward(signature, sum(p.default is p.empty for p in positional), most)
+            entry = _Forward(signature, required, float("inf") if spread else len(positional), one)
         if func is not None:
             _forwards[func] = entry
     return entry
 
 
-def _forward_signature(model: nn.Module) -> inspect.Signature | None:
-    entry = _forward(model)
-    return None if entry is None else entry.signature
-
-
-def _forward_params(model: nn.Module) -> list[inspect.Parameter] | None:
-    signature = _forward_signature(model)
-    return None if signature is None else list(signature.parameters.values())
-
-
 def positional_args(model: nn.Module, input_args: Any) -> tuple:
     if isinstance(input_args, (list, tuple)):
-        params = _forward_params(model)
-        if params is not None and len(input_args) != 1:
-            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-            required = [p for p in positional if p.default is p.empty]
-            spread = any(p.kind == p.VAR_POSITIONAL for p in params)
-            if not spread and len(positional) >= 1 and len(required) <= 1 and len(input_args) > len(positional):
+        entry = _forward(model) if len(input_args) > 1 else None
+        if entry is not None:
+            num_positional, may_be_one = entry.one_sequence
+            if may_be_one and len(input_args) > num_positional:
                 return (input_args,)  # forward takes one tuple/list argument: do not spread it
         return tuple(input_args)
     if input_args is None:

@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from torchlog.errors import GenerationError
+from torchlog.generation.carried_buffers import CarriedBuffers
 from torchlog.generation.rerun_state import ArgumentState
+from torchlog.model_state import model_kept
 
 __all__ = ["LoggedStep", "StepLogger"]
 
@@ -63,17 +65,21 @@ class StepLogger:
         # The model's hook tables, and what each held while the call from outside runs.
         self._hook_tables = (model._forward_pre_hooks, model._forward_hooks)
         self._held: tuple[dict, ...] = ()
+        self._carried = CarriedBuffers(model)  # buffers carry from step to step
+        self._kept = model_kept(list(model.named_modules()))  # and are put back after the generation
 
     def __enter__(self) -> StepLogger:
         def forward(*args: Any, **kwargs: Any) -> Any:
             return self._run(args, kwargs) if self._inside else self._step(args, kwargs)
         # The original's signature and name: log_forward_pass reads forward's parameters.
+        self._kept.__enter__()
         self.model.forward = functools.update_wrapper(forward, self._original)
         self._hold_hooks()
         return self
 
     def __exit__(self, *exc_info: object) -> bool:
         self._put_hooks_back()
+        self._kept.__exit__(*exc_info)
         if self._had_own:
             self.model.forward = self._original
         else:
@@ -99,9 +105,11 @@ class StepLogger:
         self._after, self._written, self._runs = None, None, 0
         self._inside = True
         self._put_hooks_back()
+        self._carried.start()
         try:
             result = self.run_step(list(args), kwargs, len(self.steps))
             output = self._output
+            self._carried.put_back()
         finally:
             self._hold_hooks()
             if self._after is not None:
@@ -143,6 +151,7 @@ class StepLogger:
         ran (the user's, torchlog's edits at the model's output): the output the step hands
         back. A hook added now runs after them, and removes itself."""
         self._output = output
+        self._carried.ran()
         handle = None
 
         def keep(module: nn.Module, args: tuple, returned: Any) -> None:

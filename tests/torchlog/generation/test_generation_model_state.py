@@ -1,5 +1,7 @@
-"""The model's own forward hooks and pre-hooks run once per step, as under a plain
-`generate`: not once around torchlog's run and again around the call from generate."""
+"""What a model carries from call to call is as under a plain `generate`: its own forward
+hooks and pre-hooks run once per step (not once around torchlog's run and again around the
+call from generate), and state it keeps in buffers carries from step to step (each logged
+pass puts buffers back), while the model is left as it was after the generation."""
 from __future__ import annotations
 
 import pytest
@@ -59,3 +61,41 @@ def test_hooks_on_the_model_run_once_per_step_and_their_edits_reach_generate(run
     assert "forward" not in vars(model)
     without = model.generate(prompt, max_new_tokens=STEPS, do_sample=False)
     assert not torch.equal(without, oracle)  # the hooks did change the tokens
+
+
+class CountingDecoder(torch.nn.Module):
+    """Next token: the last one plus a step counter kept in buffers, one written in place and
+    one reassigned, so the tokens depend on every earlier call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("shift", torch.zeros((), dtype=torch.long))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.shift = self.shift + 2
+        return torch.nn.functional.one_hot((ids + self.calls.long() + self.shift) % 10, 10).float()
+
+
+def _greedy(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    for _ in range(STEPS):
+        ids = torch.cat([ids, model(ids)[:, -1:].argmax(-1)], dim=-1)
+    return ids
+
+
+@pytest.mark.parametrize("runner", ["log_generation", "run_generation", "run_generation, label site"])
+def test_state_kept_in_buffers_carries_from_step_to_step(runner) -> None:
+    prompt = torch.tensor([[4]])
+    oracle = _greedy(CountingDecoder(), prompt)
+    model = CountingDecoder()
+    calls, shift = model.calls, model.shift
+    if runner == "log_generation":
+        found = torchlog.log_generation(model, prompt, decode=_greedy).sequences
+    else:  # an op selector runs once a step; a label is checked on a probe (two runs a step,
+        # the probe's writes undone before the run that counts)
+        site = torchlog.select.func("float") if runner == "run_generation" else "float_1_10"
+        found = run_generation(model, prompt, decode=_greedy, intervene={site: scale(1.0)}).sequences
+    assert torch.equal(found, oracle), (found, oracle)
+    # Left as it was: the same buffers, holding what they held.
+    assert model.calls is calls and float(calls) == 0 and model.shift is shift and int(shift) == 0
