@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_hooks
 
 from torchlog.errors import GenerationError
 from torchlog.generation.carried_buffers import CarriedBuffers
@@ -89,9 +90,10 @@ class StepLogger:
     def _hold_hooks(self) -> None:
         """Empty the model's hook tables (the same dicts: handles keep working) for the call
         from outside, keeping what they held."""
-        self._held = tuple(dict(table) for table in self._hook_tables)
-        for table in self._hook_tables:
-            table.clear()
+        if any(self._hook_tables):
+            self._held = tuple(dict(table) for table in self._hook_tables)
+            for table in self._hook_tables:
+                table.clear()
 
     def _put_hooks_back(self) -> None:
         for table, held in zip(self._hook_tables, self._held):
@@ -152,6 +154,8 @@ class StepLogger:
         back. A hook added now runs after them, and removes itself."""
         self._output = output
         self._carried.ran()
+        if not (self.model._forward_hooks or module_hooks._global_forward_hooks):
+            return output  # no hook can hand back another output
         handle = None
 
         def keep(module: nn.Module, args: tuple, returned: Any) -> None:
