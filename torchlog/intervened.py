@@ -9,7 +9,7 @@ from torch import nn
 
 from torchlog.api import probe_for
 from torchlog.arguments import Request, positional_args, prepare
-from torchlog.capture import FiringRecord, run_lean
+from torchlog.capture import FiringRecord, HookedSpan, hooks_only, run_lean
 from torchlog.errors import InterventionError, InvalidOptionError
 from torchlog.interventions.records import InterventionRecord, part_of
 from torchlog.model_state import eager_submodules, has_compiled, model_kept
@@ -121,6 +121,43 @@ class Runner:
                               seed=seed, entries=first.entries, capture=first.capture,
                               named_modules=first.named_modules, acting=first.acting)
         return _run_request(request, self._eager)
+
+
+    def span(self) -> RunnerSpan | None:
+        """The Runner with its module hooks kept in place across calls (`with runner.span() as
+        run: run(args, kwargs)`), for sites that act by module hooks alone; None before the
+        first call, or when a site needs a probe, an op rule or the lean capture's mode, or
+        a submodule is compiled. Each call is the Runner's own, less registering the hooks."""
+        if not self.runs_once or self._eager:
+            return None
+        plan = self._first.acting.first_plan()
+        return RunnerSpan(self._first, plan) if hooks_only(plan) else None
+
+
+class RunnerSpan:
+    """A Runner whose module hooks stay registered while it is entered (see `Runner.span`)."""
+
+    def __init__(self, request: Request, plan: Any) -> None:
+        self.request = request
+        self._span = HookedSpan(request.model, plan, request.named_modules)
+
+    def __enter__(self) -> RunnerSpan:
+        self._span.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> bool:
+        return self._span.__exit__(*exc_info)
+
+    def __call__(self, input_args: Any, input_kwargs: dict[str, Any] | None = None) -> RunResult:
+        request = self.request
+        options = request.options
+        seed = new_seed() if options.random_seed is None else options.random_seed
+        with seeded(seed, numpy=options.random_seed is not None), model_kept(request.named_modules):
+            seen = self._span.run(positional_args(request.model, input_args),
+                                  {} if input_kwargs is None else input_kwargs)
+        records = tuple(_record(fired) for fired in seen.firings)
+        _check_fired(request.acting.sites, records, seen.stopped)
+        return RunResult(None if seen.stopped else seen.output, records, seen.stopped)
 
 
 def _run_request(request: Request, eager: bool = True) -> RunResult:

@@ -8,7 +8,7 @@ from typing import Any
 from torchlog.capture.call_sites import site_text
 from torchlog.capture.captured import CapturedPass, Failure, ModuleInfo
 from torchlog.capture.functionals import FUNCTIONAL_KEY
-from torchlog.capture.lean import Place, call_names, run_lean
+from torchlog.capture.lean import HookedSpan, Place, call_names, hooks_only, run_lean
 from torchlog.capture.module_outputs import ModulePass, ModuleWatcher
 from torchlog.capture.nesting import find_tensors
 from torchlog.capture.nodes import OP_CONTEXT_KEY, RawNode
@@ -28,7 +28,7 @@ __all__ = [
     "RawNode", "Recorder", "module_table", "log_triton_launches",
     # the plan an executor honours, and the lean executor
     "OpPlan", "OpRule", "ExitRule", "OpView", "Act", "Firing", "FiringRecord", "StopCapture",
-    "run_action", "substitute", "out_of_order", "outputs_missing", "run_lean", "Place", "call_names",
+    "run_action", "substitute", "out_of_order", "outputs_missing", "run_lean", "HookedSpan", "hooks_only", "Place", "call_names",
     # module outputs without a logged pass
     "ModuleWatcher", "ModulePass",
     # facts capture records, and helpers for re-running an op as it ran

@@ -28,7 +28,7 @@ from torchlog.capture.plan import (Firing, FiringRecord, OpPlan, OpView, StopCap
 from torchlog.errors import InterventionError
 from torchlog.labels import layer_type_of
 
-__all__ = ["LeanPass", "Place", "call_names", "lean_refusal", "run_lean"]
+__all__ = ["HookedSpan", "LeanPass", "Place", "call_names", "hooks_only", "lean_refusal", "run_lean"]
 
 _Tensor = torch.Tensor
 
@@ -276,14 +276,57 @@ def _exits_only(plan: OpPlan) -> bool:
 
 def _hooks_only(model: nn.Module, args: tuple, kwargs: dict, plan: OpPlan, named_modules: list | None) -> LeanPass:
     """The pass with the plan's module hooks and no mode (nothing to count)."""
-    exits = ExitActs(plan, dict(model.named_modules() if named_modules is None else named_modules))
-    try:
-        with offload_hooks(model, named_modules), exits:  # a raising forward puts offloaded weights back
-            return LeanPass([], {}, model(*args, **kwargs), {}, False, exits.firings)
-    except StopCapture as stop:
-        if stop.error is not None:
-            raise stop.error from None
-        return LeanPass([], {}, None, {}, True, exits.firings)
+    with HookedSpan(model, plan, named_modules) as span:
+        return span.run(args, kwargs)
+
+
+class HookedSpan:
+    """A plan that acts and stops only at module exits and entries (`hooks_only`), its hooks
+    (and the stand-ins of accelerate's) kept in place while the span is entered, for one
+    pass or for many passes of one model: each `run` is the pass of `run_lean(count=False)`
+    without registering them again (the steps of a generation).
+
+    Raises:
+        InterventionError: when made, the plan names a module the model does not have.
+    """
+
+    def __init__(self, model: nn.Module, plan: OpPlan, named_modules: list | None = None) -> None:
+        named_modules = list(model.named_modules()) if named_modules is None else named_modules
+        self.model = model
+        self.exits = ExitActs(plan, dict(named_modules))
+        self._offload = offload_hooks(model, named_modules)
+
+    def __enter__(self) -> HookedSpan:
+        self._offload.__enter__()
+        try:
+            self.exits.__enter__()
+        except BaseException:
+            self._offload.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> bool:
+        try:
+            self.exits.__exit__(*exc_info)
+        finally:  # a raising forward puts offloaded weights back
+            self._offload.__exit__(*exc_info)
+        return False
+
+    def run(self, args: tuple, kwargs: dict) -> LeanPass:
+        """One pass of the model under the span's hooks."""
+        self.exits.reset()
+        try:
+            return LeanPass([], {}, self.model(*args, **kwargs), {}, False, self.exits.firings)
+        except StopCapture as stop:
+            if stop.error is not None:
+                raise stop.error from None
+            return LeanPass([], {}, None, {}, True, self.exits.firings)
+
+
+def hooks_only(plan: OpPlan) -> bool:
+    """Whether `plan` can run with module hooks alone: no op-level field (see `_exits_only`)
+    and nothing the lean capture refuses."""
+    return _exits_only(plan) and lean_refusal(plan) is None
 
 
 def lean_refusal(plan: OpPlan) -> str | None:

@@ -58,8 +58,12 @@ class ExitActs:
         self.acted: dict[int, tuple[int, Any]] = {}
         self._handles: list = []
 
-    def __enter__(self) -> ExitActs:
+    def reset(self) -> None:
+        """Start a new pass: no calls counted, no firings (the hooks stay where they are)."""
         self.firings, self.calls, self.acted = [], {}, {}
+
+    def __enter__(self) -> ExitActs:
+        self.reset()
         for address, module in self.modules.items():
             # After the user's pre-hooks, as the recorder's forward wrapper sees the inputs.
             self._handles.append(module.register_forward_pre_hook(self._counter(address), with_kwargs=True))

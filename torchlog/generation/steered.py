@@ -89,13 +89,23 @@ def run_generation(model: nn.Module, input_ids: torch.Tensor, *, intervene: Any,
     # walked and the sites checked once, not at every step.
     fixed = None if callable(intervene) or intervene is None else Runner(model, intervene=intervene)
 
+    # From its second call on, the fixed Runner keeps its module hooks in place (when its
+    # sites act by hooks alone) instead of registering them at every step.
+    spans: list = []
+
     def run_step(args: list, kwargs: dict[str, Any], step: int) -> tuple:
         spelled = intervene(step) if callable(intervene) else intervene
         if spelled is None or (steps is not None and step not in steps):
             model(*args, **kwargs)
             return ()
-        runner_now = fixed if fixed is not None else Runner(model, intervene=spelled)
-        return runner_now(args, kwargs).interventions
+        if fixed is None:
+            return Runner(model, intervene=spelled)(args, kwargs).interventions
+        if spans:
+            return (spans[0] or fixed)(args, kwargs).interventions
+        fired = fixed(args, kwargs).interventions
+        span = fixed.span()
+        spans.append(span.__enter__() if span is not None else None)
+        return fired
 
     def runs_once(step: int) -> bool:  # a plain call, or module sites acted on by hooks alone
         if steps is not None and step not in steps:
@@ -107,4 +117,8 @@ def run_generation(model: nn.Module, input_ids: torch.Tensor, *, intervene: Any,
     def result(output: Any, sequences: torch.Tensor | None) -> GenerationRun:
         fired = tuple(StepIntervention(k, record) for k, step in enumerate(logger.steps) for record in step.result)
         return GenerationRun(output, sequences, fired, len(logger.steps))
-    return run_steps(logger, start, generate_kwargs, steps, result)
+    try:
+        return run_steps(logger, start, generate_kwargs, steps, result)
+    finally:
+        if spans and spans[0] is not None:
+            spans[0].__exit__(None, None, None)

@@ -88,3 +88,31 @@ def test_steps_at_module_sites_take_no_argument_snapshot_and_a_second_run_is_ref
         with stepping.StepLogger(model, twice, lambda step: True):
             model.generate(prompt, max_new_tokens=1, do_sample=False)
     assert "forward" not in vars(model)
+
+
+def test_module_hooks_are_registered_once_for_the_steps_after_the_first(gpt2, monkeypatch) -> None:
+    """From the second step on, the sites' hooks stay in place (Runner.span): registered twice
+    in a generation of STEPS steps, not at every step, and gone once it ends, also when it raises."""
+    from torchlog.capture import module_acts
+
+    model, prompt, vector = gpt2
+    entered, enter = [], module_acts.ExitActs.__enter__
+    monkeypatch.setattr(module_acts.ExitActs, "__enter__", lambda self: entered.append(1) or enter(self))
+    block = model.get_submodule(BLOCK)
+    steered = run_generation(model, prompt, intervene={BLOCK: add(vector)}, max_new_tokens=STEPS, do_sample=False)
+    assert len(entered) == 2 and [i.step for i in steered.interventions] == list(range(STEPS))
+    assert not block._forward_hooks and not block._forward_pre_hooks
+
+    def fails_at_step_3(module, args, output):
+        if len(calls) == 3:
+            raise RuntimeError("the model failed")
+        calls.append(1)
+    calls: list = []
+    handle = model.get_submodule("transformer.h.1").register_forward_hook(fails_at_step_3)
+    try:
+        with pytest.raises(RuntimeError, match="the model failed") as caught:
+            run_generation(model, prompt, intervene={BLOCK: add(vector)}, max_new_tokens=STEPS, do_sample=False)
+    finally:
+        handle.remove()
+    assert caught.value.torchlog_generation.num_steps == 3
+    assert not block._forward_hooks and not block._forward_pre_hooks and "forward" not in vars(model)
