@@ -8,7 +8,7 @@ from typing import Any, overload
 import torch
 
 from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError, LayerNotFoundError, StepNotFoundError
-from torchlog.generation.stacking import join_steps, sequence_dim
+from torchlog.generation.stacking import beam_path, join_steps, sequence_dim
 from torchlog.generation.stepping import LoggedStep
 from torchlog.history import ModelHistory
 from torchlog.interventions.records import InterventionRecord
@@ -220,6 +220,29 @@ class GenerationHistory:
             shapes = [tuple(self._saved(k, site).shape) for k in every]
             dim = sequence_dim(shapes, [_length(self._logged[k].input_ids) for k in every], site)
         return join_steps(values, dim, site)
+
+    def follow(self, site: str, sequence: int, dim: int | None = None) -> torch.Tensor:
+        """`site`'s values along one hypothesis of a beam search: at each step the row of the
+        beam that returned sequence `sequence` went through (`beam_path`), joined along the
+        sequence as `stack` joins them; so, with a KV cache, what one forward over that
+        sequence would give for the tokens the steps read.
+
+        Raises:
+            InvalidOptionError: no beam search, or no `beam_indices` (generate with
+                return_dict_in_generate=True, output_scores=True); values that cannot join.
+            InvalidArgumentTypeError: `sequence` is not a returned sequence's index.
+            LayerNotFoundError: as `stack`.
+        """
+        rows = self.beam_path(sequence)
+        values = [self._value(k, site)[row:row + 1] for k, row in enumerate(rows)]
+        if dim is None:
+            lengths = [_length(self._logged[k].input_ids) for k in range(len(rows))]
+            dim = sequence_dim([tuple(v.shape) for v in values], lengths, site)
+        return join_steps(values, dim, site)
+
+    def beam_path(self, sequence: int) -> list[int]:
+        """The row of each step that returned sequence `sequence` went through (see `follow`)."""
+        return beam_path(self.output, sequence, self.num_beams, self.num_steps)
 
     def _saved(self, step: int, site: str) -> Any:
         value = getattr(self._steps[step][site], "tensor_contents", None)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from torchlog.errors import InvalidOptionError
+from torchlog.errors import InvalidArgumentTypeError, InvalidOptionError
 
-__all__ = ["sequence_dim", "join_steps"]
+__all__ = ["beam_path", "sequence_dim", "join_steps"]
 
 
 def sequence_dim(shapes: list[tuple[int, ...]], lengths: list[int | None], site: str) -> int:
@@ -55,6 +55,32 @@ def join_steps(values: list[torch.Tensor], dim: int, site: str) -> torch.Tensor:
                 f"{_shown(shapes)} differ in another dimension; read each step with "
                 f"gen[step, {site!r}], or pass another dim=")
     return torch.cat([v.to(values[0].device) for v in values], dim=dim)
+
+
+def beam_path(output: object, sequence: object, num_beams: int, num_steps: int) -> list[int]:
+    """The row of each step's batch that returned sequence `sequence` went through: the beam
+    whose logits at step k chose its k-th generated token (generate's `beam_indices`), up to
+    its end (-1 after an EOS) or the last step.
+
+    Raises:
+        InvalidOptionError: no beam search, or generate was not asked for `beam_indices`.
+        InvalidArgumentTypeError: `sequence` is not an index of the returned sequences.
+    """
+    if num_beams <= 1:
+        raise InvalidOptionError("follow() traces a hypothesis of a beam search (num_beams > 1); without "
+                                 "beams each row continues itself: use gen.stack(site)")
+    indices = getattr(output, "beam_indices", None)
+    if not isinstance(indices, torch.Tensor):
+        raise InvalidOptionError(
+            "follow() needs which beam each returned token came from: generate with "
+            "return_dict_in_generate=True, output_scores=True (its beam_indices)")
+    count = int(indices.shape[0])
+    if not isinstance(sequence, int) or isinstance(sequence, bool) or not 0 <= sequence < count:
+        raise InvalidArgumentTypeError(
+            f"follow takes a returned sequence's index, 0..{count - 1} for this generation's {count} "
+            f"sequence(s), got {sequence!r}")
+    rows = [int(row) for row in indices[sequence, :num_steps].tolist()]
+    return rows[:rows.index(-1)] if -1 in rows else rows
 
 
 def _shown(shapes: list[tuple[int, ...]]) -> str:

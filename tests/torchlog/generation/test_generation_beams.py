@@ -77,3 +77,42 @@ def test_the_beams_come_from_the_generation_config_and_bad_values_are_named() ->
         gen.beam_rows(2)
     with pytest.raises(InvalidArgumentTypeError, match=r"num_beams must be an int >= 1, got 0"):
         torchlog.log_generation(model, ids, num_beams=0, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_follow_traces_a_hypothesis_equal_to_one_forward_over_its_sequence(name: str) -> None:
+    """The rows a returned sequence went through, joined: with a KV cache, the block's output
+    of one plain forward over that sequence (the tokens the steps read), by a forward hook."""
+    build, site = MODELS[name]
+    model, _ = build()
+    ids = _prompts()
+    gen = torchlog.log_generation(model, ids, layers_to_save=[site], **KEYWORDS)
+    paths = [gen.beam_path(sequence) for sequence in range(gen.sequences.shape[0])]
+    assert any(len(set(path)) > 1 for path in paths)  # a hypothesis moved rows: row j alone would not do
+    for sequence, path in enumerate(paths):
+        assert 1 <= len(path) <= STEPS and all(0 <= row < 2 * BEAMS for row in path)
+        assert path[0] in gen.beam_rows(sequence // 2)  # its prompt's beams
+        read = gen.sequences[sequence:sequence + 1, :ids.shape[1] + len(path) - 1]
+        seen = []
+        handle = model.get_submodule(site).register_forward_hook(
+            lambda m, a, out: seen.append((out[0] if isinstance(out, tuple) else out).detach()))
+        try:
+            with torch.no_grad():
+                model(read)
+        finally:
+            handle.remove()
+        torch.testing.assert_close(gen.follow(site, sequence), seen[0], rtol=1e-4, atol=1e-5)
+
+
+def test_follow_refuses_what_it_cannot_trace() -> None:
+    model, _ = tiny_gpt2()
+    ids = _prompts()
+    plain = torchlog.log_generation(model, ids, layers_to_save=None, max_new_tokens=2, do_sample=False, num_beams=2)
+    with pytest.raises(InvalidOptionError, match="return_dict_in_generate=True, output_scores=True"):
+        plain.follow("transformer.h.1", 0)
+    greedy = torchlog.log_generation(model, ids, layers_to_save=None, max_new_tokens=2, do_sample=False)
+    with pytest.raises(InvalidOptionError, match="use gen.stack"):
+        greedy.follow("transformer.h.1", 0)
+    traced = torchlog.log_generation(model, ids, layers_to_save=None, **KEYWORDS)
+    with pytest.raises(InvalidArgumentTypeError, match=r"0\.\.3 for this generation's 4 sequence"):
+        traced.beam_path(4)
