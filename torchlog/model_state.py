@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["compiled_text", "eager_submodules", "has_compiled", "is_compiled", "model_kept"]
+__all__ = ["compiled_text", "eager_submodules", "has_compiled", "is_compiled", "model_kept", "put_buffers"]
 
 
 def compiled_text(model: Any, named_modules: list | None = None) -> str | None:
@@ -51,6 +51,15 @@ def is_compiled(model: Any) -> bool:
         getattr(model, "_orig_mod", None), nn.Module)
 
 
+def put_buffers(module: nn.Module, buffers: dict) -> None:
+    """Make `module`'s buffers these tensors (by identity), touching its dict only when
+    forward reassigned one: another thread may be reading it (two threads logging one model)."""
+    current = module._buffers
+    if current.keys() != buffers.keys() or any(current[k] is not v for k, v in buffers.items()):
+        current.clear()
+        current.update(buffers)
+
+
 class model_kept:  # noqa: N801 - used like a function: `with model_kept(named_modules):`
     """Undo what forward did to the model's buffers and train/eval flags (BatchNorm stats).
 
@@ -88,12 +97,7 @@ class model_kept:  # noqa: N801 - used like a function: `with model_kept(named_m
 
     def _restore_buffers(self) -> None:
         for module, buffers, values, own_data in self.kept:
-            current = module._buffers
-            # Touch the dict only when forward reassigned a buffer: another thread may
-            # be reading it (two threads logging one model).
-            if current.keys() != buffers.keys() or any(current[k] is not v for k, v in buffers.items()):
-                current.clear()
-                current.update(buffers)
+            put_buffers(module, buffers)
             for name, copy in values.items():
                 own = own_data[name]
                 if buffers[name].data_ptr() != own.data_ptr() or buffers[name].shape != own.shape:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchlog.model_state import put_buffers
+
 __all__ = ["CarriedBuffers"]
 
 
@@ -47,12 +49,9 @@ class CarriedBuffers:
         """Put the buffers the step's last run changed as it left them."""
         with torch.no_grad(), torch._C.DisableTorchFunction():
             for module, current, changed in self._left:
-                buffers = module._buffers
-                if buffers.keys() != current.keys() or any(buffers[k] is not v for k, v in current.items()):
-                    buffers.clear()
-                    buffers.update(current)
+                put_buffers(module, current)
                 for name, value in changed.items():
-                    buffer = buffers[name]
+                    buffer = current[name]
                     if buffer.shape != value.shape or buffer.dtype != value.dtype:
                         buffer.data = value
                     else:

@@ -27,6 +27,13 @@ def tiny_gpt2(seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     return model, prompt
 
 
+def steering_gpt2() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """`tiny_gpt2` with a steering vector of its width, large enough to move greedy tokens."""
+    model, prompt = tiny_gpt2()
+    torch.manual_seed(1)
+    return model, prompt, torch.randn(32) * 4.0
+
+
 def block_output(output: object) -> torch.Tensor:
     """A block's hidden states, whether it returns a tensor or a tuple."""
     return output[0] if isinstance(output, tuple) else output

@@ -8,7 +8,7 @@ import torch
 import torchlog
 from torchlog.interventions import add, patch_from
 
-from .decoding import block_output, hand_decode, hooked_generate, tiny_gpt2
+from .decoding import block_output, hand_decode, hooked_generate, steering_gpt2, tiny_gpt2
 
 pytestmark = pytest.mark.heavy
 BLOCK = "transformer.h.0"
@@ -17,10 +17,7 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def gpt2():
-    model, prompt = tiny_gpt2()
-    torch.manual_seed(1)
-    vector = torch.randn(32) * 4.0  # large enough to move greedy tokens
-    return model, prompt, vector
+    return steering_gpt2()
 
 
 def _steered(model, prompt, vector, steps):

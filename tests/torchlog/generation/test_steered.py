@@ -10,7 +10,7 @@ from torchlog.errors import InterventionError
 from torchlog.generation import run_generation
 from torchlog.interventions import add
 
-from .decoding import hooked_generate, tiny_gpt2
+from .decoding import hooked_generate, steering_gpt2
 
 pytestmark = pytest.mark.heavy
 BLOCK = "transformer.h.0"
@@ -19,9 +19,7 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def gpt2():
-    model, prompt = tiny_gpt2()
-    torch.manual_seed(1)
-    return model, prompt, torch.randn(32) * 4.0
+    return steering_gpt2()
 
 
 @pytest.mark.parametrize("steps", [None, [0], [2, 3, 5]], ids=["every", "prompt-only", "chosen"])
